@@ -1,0 +1,781 @@
+"""A plain-Python ``BlockPool`` with exactly the API of ``kvpool._core.BlockPool``.
+
+Written for clarity, not speed: it is the oracle the Rust pool is tested against and the
+baseline its benchmarks are measured against. Every method validates all of its input before it
+changes anything, so a call that raises leaves the pool exactly as it was.
+
+The pool keeps, per block id ``0..num_blocks``:
+
+* a reference count (``_ref_counts``),
+* an optional hash key ``(hash_bytes, group_id)`` while the block is in the prefix cache
+  (``_block_keys``),
+* while its count is 0, a place in the free queue (``_free_queue``, a doubly linked list).
+
+The prefix map (``_prefix_map``) maps a key to the blocks holding it, as an insertion-ordered
+``dict`` used as an ordered set; a lookup returns the first inserted block.
+
+Example::
+
+    >>> pool = BlockPool(8, enable_events=True, block_size=2)
+    >>> ids = pool.get_new_blocks(2)            # blocks 1 and 2 (block 0 is the null block)
+    >>> pool.cache_full_blocks(ids, [b"h0", b"h1"], 0, 2)
+    >>> pool.find_longest_cache_hit([b"h0", b"h1", b"h2"]).tolist()
+    [1, 2]
+    >>> pool.free_blocks(ids[::-1])             # cached blocks go to the tail of the free queue
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvpool._errors import (
+    BlockStateError,
+    CachingDisabledError,
+    DoubleFreeError,
+    DtypeError,
+    HashWidthError,
+    InvalidArgumentError,
+    InvalidBlockIdError,
+    InvariantError,
+    NoFreeBlocksError,
+)
+from kvpool.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
+
+__all__ = ["BlockPool", "FreeQueue"]
+
+MAX_NUM_BLOCKS = 2**31 - 1
+MAX_HASH_WIDTH = 32
+MAX_GROUP_ID = 2**32 - 1
+
+NULL_BLOCK_ID = 0
+
+HashKey = tuple[bytes, int]  # (block hash, KV-cache group id)
+
+
+# --------------------------------------------------------------------------------------------
+# Argument conversion. Each helper either returns plain Python values or raises the kvpool
+# exception the contract names; none of them looks at the pool's state.
+# --------------------------------------------------------------------------------------------
+
+_NOT_A_SEQUENCE = (str, bytes, bytearray, memoryview)
+
+
+def _as_int(value: Any, name: str) -> int:
+    """A Python ``int`` (bools included) or numpy integer, as ``int``; else ``DtypeError``."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    raise DtypeError(f"{name} must be an int, not {type(value).__name__}")
+
+
+def _as_optional_int(value: Any, name: str) -> int | None:
+    return None if value is None else _as_int(value, name)
+
+
+def _as_bool(value: Any, name: str) -> bool:
+    """A ``bool`` or numpy bool, as ``bool``; else ``DtypeError``."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise DtypeError(f"{name} must be a bool, not {type(value).__name__}")
+
+
+def _as_int_list(values: Any, name: str) -> list[int]:
+    """A 1-D numpy integer array or a sequence of ints, as a list of ``int``.
+
+    Anything else (a float/bool/object array, a 2-D array, a string, a scalar, a non-int
+    element) raises ``DtypeError``. Values are not range-checked here.
+    """
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise DtypeError(f"{name} must be 1-D, got a {values.ndim}-D array")
+        if values.dtype.kind not in "iu":
+            raise DtypeError(f"{name} must have an integer dtype, not {values.dtype}")
+        return [int(v) for v in values.tolist()]
+    if isinstance(values, _NOT_A_SEQUENCE) or not isinstance(values, Sequence):
+        raise DtypeError(f"{name} must be a sequence of ints, not {type(values).__name__}")
+    out = []
+    for v in values:
+        if not isinstance(v, (int, np.integer)):
+            raise DtypeError(f"{name} must contain ints only, found {type(v).__name__}")
+        out.append(int(v))
+    return out
+
+
+def _as_hash(value: Any, name: str) -> bytes:
+    if not isinstance(value, bytes):
+        raise DtypeError(f"{name} must be bytes, not {type(value).__name__}")
+    return bytes(value)
+
+
+def _as_hash_list(values: Any, name: str) -> list[bytes]:
+    """A sequence of ``bytes``, as a list; else ``DtypeError``. Widths are not checked here."""
+    if isinstance(values, _NOT_A_SEQUENCE) or not isinstance(values, Sequence):
+        raise DtypeError(f"{name} must be a sequence of bytes, not {type(values).__name__}")
+    return [_as_hash(v, name) for v in values]
+
+
+def _check_group_id(group_id: int) -> None:
+    if not 0 <= group_id <= MAX_GROUP_ID:
+        raise InvalidArgumentError(f"group_id must be in 0..={MAX_GROUP_ID}, got {group_id}")
+
+
+# --------------------------------------------------------------------------------------------
+# The free queue.
+# --------------------------------------------------------------------------------------------
+
+
+class FreeQueue:
+    """A doubly linked list of block ids: the free blocks, least recently used first.
+
+    Links are kept in two dicts keyed by block id (``_prev``, ``_next``; ``None`` ends the list),
+    so membership, pushing and popping at either end and removing from the middle are all O(1).
+    """
+
+    def __init__(self, block_ids: Iterable[int] = ()) -> None:
+        """Build a queue holding ``block_ids`` in the given order, head first."""
+        self._prev: dict[int, int | None] = {}
+        self._next: dict[int, int | None] = {}
+        self._head: int | None = None
+        self._tail: int | None = None
+        for block_id in block_ids:
+            self.append(block_id)
+
+    def __len__(self) -> int:
+        """Number of blocks in the queue."""
+        return len(self._next)
+
+    def __contains__(self, block_id: object) -> bool:
+        """Whether ``block_id`` is in the queue (O(1))."""
+        return block_id in self._next
+
+    def __iter__(self) -> Iterator[int]:
+        """The block ids from head to tail."""
+        block_id = self._head
+        while block_id is not None:
+            yield block_id
+            block_id = self._next[block_id]
+
+    def append(self, block_id: int) -> None:
+        """Put ``block_id`` at the tail (it becomes the most recently used)."""
+        assert block_id not in self._next, f"block {block_id} is already in the free queue"
+        self._prev[block_id] = self._tail
+        self._next[block_id] = None
+        if self._tail is None:
+            self._head = block_id
+        else:
+            self._next[self._tail] = block_id
+        self._tail = block_id
+
+    def appendleft(self, block_id: int) -> None:
+        """Put ``block_id`` at the head (it is the next one popped)."""
+        assert block_id not in self._next, f"block {block_id} is already in the free queue"
+        self._prev[block_id] = None
+        self._next[block_id] = self._head
+        if self._head is None:
+            self._tail = block_id
+        else:
+            self._prev[self._head] = block_id
+        self._head = block_id
+
+    def extend(self, block_ids: Sequence[int]) -> None:
+        """Append ``block_ids`` at the tail in the order given."""
+        for block_id in block_ids:
+            self.append(block_id)
+
+    def prepend(self, block_ids: Sequence[int]) -> None:
+        """Put ``block_ids`` at the head as a group in the order given: ``block_ids[0]`` is the new head."""
+        for block_id in reversed(block_ids):
+            self.appendleft(block_id)
+
+    def popleft(self) -> int:
+        """Remove and return the head block."""
+        block_id = self._head
+        if block_id is None:
+            raise IndexError("pop from an empty free queue")
+        self.remove(block_id)
+        return block_id
+
+    def remove(self, block_id: int) -> None:
+        """Unlink ``block_id`` from wherever it is in the queue (O(1))."""
+        prev = self._prev.pop(block_id)
+        nxt = self._next.pop(block_id)
+        if prev is None:
+            self._head = nxt
+        else:
+            self._next[prev] = nxt
+        if nxt is None:
+            self._tail = prev
+        else:
+            self._prev[nxt] = prev
+
+    def problems(self) -> list[str]:
+        """Inconsistencies in the links (empty when the list is well formed)."""
+        found: list[str] = []
+        if set(self._prev) != set(self._next):
+            found.append("free queue: prev and next links cover different blocks")
+        seen: set[int] = set()
+        prev: int | None = None
+        block_id = self._head
+        while block_id is not None:
+            if block_id in seen:
+                found.append(f"free queue: cycle at block {block_id}")
+                return found
+            if block_id not in self._next:
+                found.append(f"free queue: block {block_id} is linked but has no entry")
+                return found
+            if self._prev.get(block_id) != prev:
+                found.append(f"free queue: block {block_id} has prev {self._prev.get(block_id)}, expected {prev}")
+            seen.add(block_id)
+            prev, block_id = block_id, self._next[block_id]
+        if self._tail != prev:
+            found.append(f"free queue: tail is {self._tail}, the walk ends at {prev}")
+        if len(seen) != len(self._next):
+            found.append(f"free queue: {len(self._next)} entries but {len(seen)} reachable from the head")
+        return found
+
+
+# --------------------------------------------------------------------------------------------
+# The pool.
+# --------------------------------------------------------------------------------------------
+
+
+class BlockPool:
+    """A pool of KV-cache blocks: free queue, reference counts and prefix cache (pure Python)."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        *,
+        enable_caching: bool = True,
+        null_block: bool = True,
+        enable_events: bool = False,
+        block_size: int = 16,
+        hash_width: int | None = None,
+    ) -> None:
+        """Create a pool of ``num_blocks`` blocks, all free (except the null block, block 0).
+
+        Raises ``DtypeError`` for a non-int / non-bool argument and ``InvalidArgumentError``
+        unless ``1 <= num_blocks <= 2**31 - 1``, ``block_size >= 1`` and ``hash_width`` is
+        ``None`` or in ``1..=32``.
+        """
+        num_blocks = _as_int(num_blocks, "num_blocks")
+        enable_caching = _as_bool(enable_caching, "enable_caching")
+        null_block = _as_bool(null_block, "null_block")
+        enable_events = _as_bool(enable_events, "enable_events")
+        block_size = _as_int(block_size, "block_size")
+        hash_width = _as_optional_int(hash_width, "hash_width")
+        if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
+            raise InvalidArgumentError(f"num_blocks must be in 1..={MAX_NUM_BLOCKS}, got {num_blocks}")
+        if block_size < 1:
+            raise InvalidArgumentError(f"block_size must be >= 1, got {block_size}")
+        if hash_width is not None and not 1 <= hash_width <= MAX_HASH_WIDTH:
+            raise InvalidArgumentError(f"hash_width must be None or in 1..={MAX_HASH_WIDTH}, got {hash_width}")
+
+        self._num_blocks = num_blocks
+        self._block_size = block_size
+        self._enable_caching = enable_caching
+        self._enable_events = enable_events
+        self._null_block: int | None = NULL_BLOCK_ID if null_block else None
+        self._hash_width = hash_width
+
+        self._ref_counts: list[int] = [0] * num_blocks
+        self._block_keys: list[HashKey | None] = [None] * num_blocks
+        self._prefix_map: dict[HashKey, dict[int, None]] = {}
+        self._num_cached = 0
+        self._events: list[Any] = []
+        first = 1 if null_block else 0
+        self._free_queue = FreeQueue(range(first, num_blocks))
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        """Total number of blocks, the null block included."""
+        return self._num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block (used for the token ids of ``BlockStored`` events)."""
+        return self._block_size
+
+    @property
+    def enable_caching(self) -> bool:
+        """Whether the prefix cache is on."""
+        return self._enable_caching
+
+    @property
+    def enable_events(self) -> bool:
+        """Whether KV events are recorded for ``take_events``."""
+        return self._enable_events
+
+    @property
+    def null_block(self) -> int | None:
+        """The null block's id (0), or ``None`` if the pool has no null block."""
+        return self._null_block
+
+    @property
+    def hash_width(self) -> int | None:
+        """The width of every block hash, in bytes; ``None`` until fixed by the first caching."""
+        return self._hash_width
+
+    def __repr__(self) -> str:
+        return (
+            f"reference.BlockPool(num_blocks={self._num_blocks}, free={len(self._free_queue)}, "
+            f"cached={self._num_cached}, enable_caching={self._enable_caching}, "
+            f"null_block={self._null_block is not None})"
+        )
+
+    # -- validation helpers that need the pool ------------------------------------------------
+
+    def _is_null(self, block_id: int) -> bool:
+        return block_id == self._null_block
+
+    def _check_ids_in_range(self, block_ids: Iterable[int]) -> None:
+        for block_id in block_ids:
+            if not 0 <= block_id < self._num_blocks:
+                raise InvalidBlockIdError(f"block id {block_id} is out of range 0..{self._num_blocks}")
+
+    def _as_block_id(self, value: Any, name: str = "block_id") -> int:
+        block_id = _as_int(value, name)
+        self._check_ids_in_range([block_id])
+        return block_id
+
+    def _check_hash_widths(self, hashes: Sequence[bytes]) -> None:
+        """Each hash is 1..=32 bytes and, once the pool's width is fixed, of that width."""
+        for h in hashes:
+            if not 1 <= len(h) <= MAX_HASH_WIDTH:
+                raise HashWidthError(f"a block hash must be 1..={MAX_HASH_WIDTH} bytes, got {len(h)}")
+            if self._hash_width is not None and len(h) != self._hash_width:
+                raise HashWidthError(f"the pool's hashes are {self._hash_width} bytes, got {len(h)}")
+
+    def _check_can_free(self, segments: Sequence[Sequence[int]]) -> None:
+        """Raise ``DoubleFreeError`` if freeing ``segments`` in order would take a count below 0."""
+        pending: dict[int, int] = {}
+        for segment in segments:
+            for block_id in segment:
+                if self._is_null(block_id):
+                    continue
+                pending[block_id] = pending.get(block_id, 0) + 1
+                if pending[block_id] > self._ref_counts[block_id]:
+                    raise DoubleFreeError(f"block {block_id} would be freed while its reference count is 0")
+
+    # -- mutation helpers (no validation: callers validate first) -----------------------------
+
+    def _emit(self, event: Any) -> None:
+        if self._enable_events:
+            self._events.append(event)
+
+    def _drop_key(self, block_id: int) -> None:
+        """Take ``block_id`` out of the prefix cache and emit its ``BlockRemoved``."""
+        key = self._block_keys[block_id]
+        assert key is not None
+        entry = self._prefix_map[key]
+        del entry[block_id]
+        if not entry:
+            del self._prefix_map[key]
+        self._block_keys[block_id] = None
+        self._num_cached -= 1
+        block_hash, group_id = key
+        self._emit(BlockRemoved(block_hashes=[block_hash], medium=MEDIUM_GPU, group_idx=group_id))
+
+    def _allocate(self, n: int) -> list[int]:
+        new_ids = []
+        for _ in range(n):
+            block_id = self._free_queue.popleft()
+            if self._block_keys[block_id] is not None:
+                self._drop_key(block_id)
+            self._ref_counts[block_id] = 1
+            new_ids.append(block_id)
+        return new_ids
+
+    def _free_segment(self, block_ids: Sequence[int]) -> None:
+        to_head: list[int] = []
+        to_tail: list[int] = []
+        for block_id in block_ids:
+            if self._is_null(block_id):
+                continue
+            self._ref_counts[block_id] -= 1
+            if self._ref_counts[block_id] == 0:
+                cached = self._enable_caching and self._block_keys[block_id] is not None
+                (to_tail if cached else to_head).append(block_id)
+        self._free_queue.prepend(to_head)
+        self._free_queue.extend(to_tail)
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def get_new_blocks(self, num_blocks: int) -> np.ndarray:
+        """Allocate ``num_blocks`` blocks from the head of the free queue; return their ids (int32).
+
+        A popped block that still holds a hash is evicted from the prefix cache first (one
+        ``BlockRemoved`` event each, in pop order). Each new block gets reference count 1.
+        Raises ``InvalidArgumentError`` if ``num_blocks < 0`` and ``NoFreeBlocksError`` if fewer
+        blocks are free (nothing is allocated then).
+        """
+        n = _as_int(num_blocks, "num_blocks")
+        if n < 0:
+            raise InvalidArgumentError(f"num_blocks must be >= 0, got {n}")
+        if n > len(self._free_queue):
+            raise NoFreeBlocksError(f"asked for {n} blocks, {len(self._free_queue)} are free")
+        return np.array(self._allocate(n), dtype=np.int32)
+
+    def get_new_blocks_many(self, counts: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Allocate ``counts[i]`` blocks for each ``i`` in order, as ``get_new_blocks`` would.
+
+        Returns ``(ids, offsets)``: all new ids flat (int32) and int64 offsets of length
+        ``len(counts) + 1`` so that request ``i`` got ``ids[offsets[i]:offsets[i + 1]]``.
+        All or nothing: a negative count (``InvalidArgumentError``) or a total above the free
+        count (``NoFreeBlocksError``) allocates nothing.
+        """
+        counts_list = _as_int_list(counts, "counts")
+        for c in counts_list:
+            if c < 0:
+                raise InvalidArgumentError(f"counts must be >= 0, got {c}")
+        total = sum(counts_list)
+        if total > len(self._free_queue):
+            raise NoFreeBlocksError(f"asked for {total} blocks, {len(self._free_queue)} are free")
+        ids: list[int] = []
+        offsets = [0]
+        for c in counts_list:
+            ids.extend(self._allocate(c))
+            offsets.append(len(ids))
+        return np.array(ids, dtype=np.int32), np.array(offsets, dtype=np.int64)
+
+    # -- freeing ------------------------------------------------------------------------------
+
+    def free_blocks(self, block_ids: Any) -> None:
+        """Drop one reference to each block, in the order given (pass a request's blocks reversed).
+
+        Blocks reaching count 0 join the free queue: those without a hash are prepended as a
+        group in the order given (the first one freed is reused first), those with a hash are
+        appended at the tail in the order given. The null block is skipped. Raises
+        ``InvalidBlockIdError`` for an id out of range and ``DoubleFreeError`` if a count would
+        go below 0 (duplicates in the call counted); nothing changes then.
+        """
+        ids = _as_int_list(block_ids, "block_ids")
+        self._check_ids_in_range(ids)
+        self._check_can_free([ids])
+        self._free_segment(ids)
+
+    def free_blocks_many(
+        self,
+        blocks: Any,
+        offsets: Any = None,
+        *,
+        reverse: bool = False,
+    ) -> None:
+        """``free_blocks`` on each of several segments in order, all or nothing.
+
+        With ``offsets=None``, ``blocks`` is a sequence of id sequences; otherwise ``blocks`` is
+        one flat id array and segment ``i`` is ``blocks[offsets[i]:offsets[i + 1]]``
+        (``offsets`` non-decreasing, starting at 0, ending at ``len(blocks)``, else
+        ``InvalidArgumentError``). With ``reverse=True`` each segment is freed back to front.
+        A bad id or a double free in any segment (counted across segments) changes nothing.
+        """
+        reverse = _as_bool(reverse, "reverse")
+        segments: list[list[int]]
+        if offsets is None:
+            if isinstance(blocks, np.ndarray) and blocks.ndim == 2:
+                rows: Sequence[Any] = list(blocks)
+            elif isinstance(blocks, _NOT_A_SEQUENCE) or not isinstance(blocks, Sequence):
+                raise DtypeError(f"blocks must be a sequence of id sequences, not {type(blocks).__name__}")
+            else:
+                rows = blocks
+            segments = [_as_int_list(row, "blocks[i]") for row in rows]
+        else:
+            flat = _as_int_list(blocks, "blocks")
+            cuts = _as_int_list(offsets, "offsets")
+            if not cuts or cuts[0] != 0 or cuts[-1] != len(flat):
+                raise InvalidArgumentError(
+                    f"offsets must start at 0 and end at len(blocks) = {len(flat)}, got {cuts[:1]}...{cuts[-1:]}"
+                )
+            if any(a > b for a, b in zip(cuts, cuts[1:])):
+                raise InvalidArgumentError("offsets must be non-decreasing")
+            segments = [flat[a:b] for a, b in zip(cuts, cuts[1:])]
+        if reverse:
+            segments = [segment[::-1] for segment in segments]
+        for segment in segments:
+            self._check_ids_in_range(segment)
+        self._check_can_free(segments)
+        for segment in segments:
+            self._free_segment(segment)
+
+    # -- reuse --------------------------------------------------------------------------------
+
+    def touch(self, block_ids: Any) -> None:
+        """Take one more reference to each block (reusing prefix-cache hits), in order.
+
+        A block with count 0 leaves the free queue first; its hash stays. Duplicates take one
+        reference each; the null block is skipped. Raises ``InvalidBlockIdError`` for an id out
+        of range (nothing changes then).
+        """
+        ids = _as_int_list(block_ids, "block_ids")
+        self._check_ids_in_range(ids)
+        for block_id in ids:
+            if self._is_null(block_id):
+                continue
+            if self._ref_counts[block_id] == 0:
+                self._free_queue.remove(block_id)
+            self._ref_counts[block_id] += 1
+
+    # -- prefix cache -------------------------------------------------------------------------
+
+    def cache_full_blocks(
+        self,
+        block_ids: Any,
+        block_hashes: Any,
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        *,
+        group_id: int = 0,
+        token_ids: Any = None,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+    ) -> None:
+        """Enter a request's newly full blocks in the prefix cache.
+
+        Blocks ``block_ids[num_cached_blocks:num_full_blocks]`` (the null block skipped) get the
+        key ``(block_hashes[i], group_id)`` and are appended under it in the prefix map; one
+        ``BlockStored`` event covers the call. ``num_cached_blocks == num_full_blocks`` is a
+        no-op. Raises, before any change and in this order: ``CachingDisabledError``;
+        ``DtypeError`` for wrong argument types; ``InvalidArgumentError`` unless
+        ``0 <= num_cached <= num_full <= len(block_ids), len(block_hashes)`` and
+        ``0 <= group_id < 2**32``; ``InvalidBlockIdError``; ``HashWidthError`` (every hash given
+        is checked; the first successful call fixes the pool's width); ``InvalidArgumentError``
+        if ``token_ids`` is shorter than ``num_full * block_size``; ``BlockStateError`` if a new
+        block is free, already cached, or listed twice among the new blocks.
+        """
+        if not self._enable_caching:
+            raise CachingDisabledError("cache_full_blocks called on a pool with enable_caching=False")
+        ids = _as_int_list(block_ids, "block_ids")
+        hashes = _as_hash_list(block_hashes, "block_hashes")
+        num_cached = _as_int(num_cached_blocks, "num_cached_blocks")
+        num_full = _as_int(num_full_blocks, "num_full_blocks")
+        group = _as_int(group_id, "group_id")
+        tokens = None if token_ids is None else _as_int_list(token_ids, "token_ids")
+        lora = _as_optional_int(lora_id, "lora_id")
+        if lora_name is not None and not isinstance(lora_name, str):
+            raise DtypeError(f"lora_name must be a str or None, not {type(lora_name).__name__}")
+
+        if not 0 <= num_cached <= num_full:
+            raise InvalidArgumentError(
+                f"need 0 <= num_cached_blocks <= num_full_blocks, got {num_cached} and {num_full}"
+            )
+        if num_full > len(ids):
+            raise InvalidArgumentError(f"num_full_blocks={num_full} but only {len(ids)} block ids")
+        if num_full > len(hashes):
+            raise InvalidArgumentError(f"num_full_blocks={num_full} but only {len(hashes)} block hashes")
+        _check_group_id(group)
+        self._check_ids_in_range(ids)
+        self._check_hash_widths(hashes)
+        if self._hash_width is None and hashes:
+            # Not fixed yet: within this call every hash must match the first one.
+            width = len(hashes[0])
+            for h in hashes:
+                if len(h) != width:
+                    raise HashWidthError(f"mixed hash widths in one call: {width} and {len(h)} bytes")
+        if tokens is not None and len(tokens) < num_full * self._block_size:
+            raise InvalidArgumentError(
+                f"token_ids has {len(tokens)} tokens, {num_full} full blocks need {num_full * self._block_size}"
+            )
+        seen: set[int] = set()
+        for block_id in ids[num_cached:num_full]:
+            if self._is_null(block_id):
+                continue
+            if self._ref_counts[block_id] == 0:
+                raise BlockStateError(f"block {block_id} is free, it cannot be cached")
+            if self._block_keys[block_id] is not None:
+                raise BlockStateError(f"block {block_id} is already cached")
+            if block_id in seen:
+                raise BlockStateError(f"block {block_id} appears twice among the new full blocks")
+            seen.add(block_id)
+
+        if num_cached == num_full:
+            return
+        if self._hash_width is None:
+            self._hash_width = len(hashes[0])
+        stored: list[bytes] = []
+        for i in range(num_cached, num_full):
+            block_id = ids[i]
+            if self._is_null(block_id):
+                continue
+            key = (hashes[i], group)
+            self._block_keys[block_id] = key
+            self._prefix_map.setdefault(key, {})[block_id] = None
+            self._num_cached += 1
+            stored.append(hashes[i])
+        bs = self._block_size
+        self._emit(
+            BlockStored(
+                block_hashes=stored,
+                parent_block_hash=hashes[num_cached - 1] if num_cached > 0 else None,
+                token_ids=[] if tokens is None else tokens[num_cached * bs : num_full * bs],
+                block_size=bs,
+                lora_id=lora,
+                medium=MEDIUM_GPU,
+                lora_name=lora_name,
+                group_idx=group,
+            )
+        )
+
+    def get_cached_block(self, block_hash: bytes, group_id: int = 0) -> int | None:
+        """The first-inserted block still cached under ``(block_hash, group_id)``, or ``None``.
+
+        Raises ``DtypeError`` unless ``block_hash`` is bytes, ``InvalidArgumentError`` for a
+        group id outside ``0..2**32`` and ``HashWidthError`` for a bad width. Changes nothing.
+        """
+        h = _as_hash(block_hash, "block_hash")
+        group = _as_int(group_id, "group_id")
+        _check_group_id(group)
+        self._check_hash_widths([h])
+        entry = self._prefix_map.get((h, group))
+        if not entry:
+            return None
+        return next(iter(entry))
+
+    def find_longest_cache_hit(
+        self,
+        block_hashes: Any,
+        *,
+        group_id: int = 0,
+        max_blocks: int | None = None,
+    ) -> np.ndarray:
+        """The cached blocks of the longest prefix of ``block_hashes[:max_blocks]`` (int32 ids).
+
+        Scans from the start and stops at the first hash with no cached block. Every hash given
+        is width-checked (``HashWidthError``); ``max_blocks`` must be ``None`` or ``>= 0``
+        (``InvalidArgumentError``). Changes nothing, reference counts included.
+        """
+        hashes = _as_hash_list(block_hashes, "block_hashes")
+        group = _as_int(group_id, "group_id")
+        limit = _as_optional_int(max_blocks, "max_blocks")
+        _check_group_id(group)
+        if limit is not None and limit < 0:
+            raise InvalidArgumentError(f"max_blocks must be None or >= 0, got {limit}")
+        self._check_hash_widths(hashes)
+        hit: list[int] = []
+        for h in hashes if limit is None else hashes[:limit]:
+            entry = self._prefix_map.get((h, group))
+            if not entry:
+                break
+            hit.append(next(iter(entry)))
+        return np.array(hit, dtype=np.int32)
+
+    def evict_blocks(self, block_ids: Any) -> None:
+        """Drop the hash of each given block that holds one (one ``BlockRemoved`` each, in order).
+
+        Blocks in use stay in use and free blocks keep their place in the free queue; blocks
+        without a hash and the null block are ignored. Raises ``InvalidBlockIdError`` for an id
+        out of range (nothing changes then).
+        """
+        ids = _as_int_list(block_ids, "block_ids")
+        self._check_ids_in_range(ids)
+        for block_id in ids:
+            if self._is_null(block_id):
+                continue
+            if self._block_keys[block_id] is not None:
+                self._drop_key(block_id)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash, if no block is in use; return whether it did.
+
+        With any block other than the null block in use, returns ``False`` and changes nothing.
+        Otherwise clears every hash and the prefix map, emits ``AllBlocksCleared`` and returns
+        ``True`` (also when nothing was cached). The free queue keeps its order.
+        """
+        for block_id, count in enumerate(self._ref_counts):
+            if count > 0 and not self._is_null(block_id):
+                return False
+        self._block_keys = [None] * self._num_blocks
+        self._prefix_map.clear()
+        self._num_cached = 0
+        self._emit(AllBlocksCleared())
+        return True
+
+    # -- counters -----------------------------------------------------------------------------
+
+    def get_num_free_blocks(self) -> int:
+        """Number of blocks in the free queue."""
+        return len(self._free_queue)
+
+    def get_num_cached_blocks(self) -> int:
+        """Number of blocks holding a hash (in use or free)."""
+        return self._num_cached
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks in use: ``1 - free / usable`` (0.0 if nothing is usable).
+
+        Usable blocks are all blocks but the null block.
+        """
+        usable = self._num_blocks - (1 if self._null_block is not None else 0)
+        if usable == 0:
+            return 0.0
+        return 1.0 - len(self._free_queue) / usable
+
+    def take_events(self) -> list[Any]:
+        """The pending KV events, oldest first; clears them. Always ``[]`` with events off."""
+        events, self._events = self._events, []
+        return events
+
+    # -- introspection ------------------------------------------------------------------------
+
+    def free_block_ids(self) -> np.ndarray:
+        """The free queue's block ids from head (next allocated) to tail (int32)."""
+        return np.array(list(self._free_queue), dtype=np.int32)
+
+    def ref_count(self, block_id: int) -> int:
+        """The reference count of one block (``InvalidBlockIdError`` if out of range)."""
+        return self._ref_counts[self._as_block_id(block_id)]
+
+    def ref_counts(self) -> np.ndarray:
+        """The reference counts of all blocks, indexed by block id (int32)."""
+        return np.array(self._ref_counts, dtype=np.int32)
+
+    def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
+        """The block's key ``(hash_bytes, group_id)`` while it is cached, else ``None``."""
+        return self._block_keys[self._as_block_id(block_id)]
+
+    def check_invariants(self) -> None:
+        """Check the pool's structure; raise ``InvariantError`` listing every problem found.
+
+        Checked: the free queue's links; a block is in the queue iff its count is 0 (the null
+        block is never queued, never counted, never cached); each prefix-map entry is non-empty
+        and points at blocks holding its key, and every block holding a key is in that entry;
+        the cached counter and hash widths agree with the blocks.
+        """
+        problems = self._free_queue.problems()
+        for block_id in range(self._num_blocks):
+            count = self._ref_counts[block_id]
+            queued = block_id in self._free_queue
+            key = self._block_keys[block_id]
+            if self._is_null(block_id):
+                if queued or count != 0 or key is not None:
+                    problems.append(f"null block: queued={queued}, count={count}, key={key!r}")
+                continue
+            if count < 0:
+                problems.append(f"block {block_id}: negative count {count}")
+            if queued != (count == 0):
+                problems.append(f"block {block_id}: count {count} but queued={queued}")
+            if key is not None:
+                if not self._enable_caching:
+                    problems.append(f"block {block_id}: holds a key with caching off")
+                if block_id not in self._prefix_map.get(key, {}):
+                    problems.append(f"block {block_id}: key {key!r} but not in the prefix map under it")
+                if self._hash_width is not None and len(key[0]) != self._hash_width:
+                    problems.append(f"block {block_id}: hash of {len(key[0])} bytes, pool width {self._hash_width}")
+        mapped = 0
+        for key, entry in self._prefix_map.items():
+            if not entry:
+                problems.append(f"prefix map: empty entry for {key!r}")
+            for block_id in entry:
+                mapped += 1
+                if not 0 <= block_id < self._num_blocks or self._block_keys[block_id] != key:
+                    problems.append(f"prefix map: {key!r} lists block {block_id}, which does not hold it")
+        holding = sum(key is not None for key in self._block_keys)
+        if not self._num_cached == holding == mapped:
+            problems.append(
+                f"cached counter {self._num_cached}, blocks holding a key {holding}, map entries {mapped}"
+            )
+        if problems:
+            raise InvariantError("; ".join(problems))

@@ -1,0 +1,401 @@
+//! `kvpool.BlockPool`: the Python face of [`crate::pool::BlockPool`].
+//!
+//! Each method converts its arguments (all of them, before touching the pool),
+//! takes the lock once, calls the core, and converts the result. Block ids leave as
+//! numpy `int32` arrays; no Python object is created per block.
+
+use std::sync::{Mutex, MutexGuard};
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use super::convert::{
+    bool_arg, extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg, opt_int_arg, type_name,
+};
+use super::errors::{error, ErrorKind, IntoPyResult};
+use super::events::events_to_py;
+use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
+
+/// A pool of KV-cache blocks: free queue, reference counts and prefix cache.
+///
+/// Semantics follow vLLM's v1 ``BlockPool``; block ids are numpy ``int32`` arrays.
+#[pyclass(frozen, module = "kvpool", name = "BlockPool")]
+pub struct PyBlockPool {
+    inner: Mutex<pool::BlockPool>,
+    num_blocks: u32,
+}
+
+impl PyBlockPool {
+    /// The core pool; a poisoned lock is taken over (the core never panics midway).
+    #[inline]
+    fn pool(&self) -> MutexGuard<'_, pool::BlockPool> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        let mut ids = Vec::new();
+        extract_block_ids(obj, self.num_blocks, &mut ids)?;
+        Ok(ids)
+    }
+}
+
+/// Hashes given from Python, flattened; empty when none.
+pub struct FlatHashes {
+    bytes: Vec<u8>,
+    width: usize,
+}
+
+impl FlatHashes {
+    /// Reads a sequence of `bytes`.
+    pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let mut bytes = Vec::new();
+        let width = extract_hashes(obj, &mut bytes)?;
+        Ok(Self { bytes, width })
+    }
+
+    /// The core's view of them.
+    pub fn slice(&self) -> HashSlice<'_> {
+        if self.width == 0 {
+            HashSlice::empty()
+        } else {
+            HashSlice::new(&self.bytes, self.width).unwrap_or_else(|_| HashSlice::empty())
+        }
+    }
+}
+
+#[pymethods]
+impl PyBlockPool {
+    #[new]
+    #[pyo3(signature = (num_blocks, *, enable_caching=None, null_block=None, enable_events=None, block_size=None, hash_width=None))]
+    fn new(
+        py: Python<'_>,
+        num_blocks: &Bound<'_, PyAny>,
+        enable_caching: Option<&Bound<'_, PyAny>>,
+        null_block: Option<&Bound<'_, PyAny>>,
+        enable_events: Option<&Bound<'_, PyAny>>,
+        block_size: Option<&Bound<'_, PyAny>>,
+        hash_width: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let flag = |obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool| {
+            obj.map_or(Ok(default), |o| bool_arg(o, what))
+        };
+        let config = PoolConfig {
+            num_blocks: int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
+            enable_caching: flag(enable_caching, "enable_caching", true)?,
+            null_block: flag(null_block, "null_block", true)?,
+            enable_events: flag(enable_events, "enable_events", false)?,
+            block_size: opt_int_arg(block_size, "block_size", 1, u32::MAX as i64)?.unwrap_or(16) as u32,
+            hash_width: opt_int_arg(hash_width, "hash_width", 1, pool::MAX_HASH_WIDTH as i64)?
+                .map(|w| w as usize),
+        };
+        let num_blocks = config.num_blocks;
+        let inner = pool::BlockPool::new(config).py_err(py)?;
+        Ok(Self { inner: Mutex::new(inner), num_blocks })
+    }
+
+    /// Number of blocks (ids ``0..num_blocks``).
+    #[getter]
+    fn num_blocks(&self) -> u32 {
+        self.num_blocks
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.pool().config().block_size
+    }
+
+    /// Whether full blocks are kept in a prefix cache.
+    #[getter]
+    fn enable_caching(&self) -> bool {
+        self.pool().config().enable_caching
+    }
+
+    /// Whether KV-cache events are queued.
+    #[getter]
+    fn enable_events(&self) -> bool {
+        self.pool().config().enable_events
+    }
+
+    /// The null block's id (0), or None when the pool has none.
+    #[getter]
+    fn null_block(&self) -> Option<u32> {
+        self.pool().null_block()
+    }
+
+    /// Width of the pool's block hashes in bytes, None until the first cached hash fixes it.
+    #[getter]
+    fn hash_width(&self) -> Option<usize> {
+        self.pool().hash_width()
+    }
+
+    /// Allocate ``num_blocks`` blocks from the head of the free queue.
+    ///
+    /// Cached blocks among them are evicted from the prefix cache first. Raises
+    /// ``NoFreeBlocksError`` (nothing allocated) when fewer are free.
+    fn get_new_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        num_blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let n = int_arg(num_blocks, "num_blocks", 0, i64::MAX)? as usize;
+        let mut out = Vec::with_capacity(n.min(1 << 20));
+        self.pool().get_new_blocks(n, &mut out).py_err(py)?;
+        Ok(ids_to_numpy(py, &out))
+    }
+
+    /// Allocate for several requests in one call: ``counts[i]`` blocks for request ``i``.
+    ///
+    /// Returns ``(ids, offsets)``: request ``i``'s blocks are ``ids[offsets[i]:offsets[i+1]]``.
+    /// All or nothing: raises ``NoFreeBlocksError`` if the total does not fit.
+    fn get_new_blocks_many<'py>(
+        &self,
+        py: Python<'py>,
+        counts: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>)> {
+        let mut raw = Vec::new();
+        extract_i64s(counts, "counts", &mut raw)?;
+        let mut wanted = Vec::with_capacity(raw.len());
+        for c in raw {
+            if c < 0 {
+                return Err(error(py, ErrorKind::InvalidArgument, format!("counts must be >= 0, got {c}")));
+            }
+            wanted.push(c as usize);
+        }
+        let mut out = Vec::new();
+        let mut offsets = Vec::new();
+        self.pool().get_new_blocks_many(&wanted, &mut out, &mut offsets).py_err(py)?;
+        let offsets = PyArray1::from_iter(py, offsets.into_iter().map(|o| o as i64));
+        Ok((ids_to_numpy(py, &out), offsets))
+    }
+
+    /// Drop one reference to each block, in the order given (pass a request's blocks
+    /// tail first). Blocks reaching 0 rejoin the free queue: uncached ones at the head,
+    /// cached ones at the tail. Raises ``DoubleFreeError`` (nothing freed) if a count
+    /// would go below 0.
+    fn free_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self.ids(block_ids)?;
+        self.pool().free_blocks(&ids).py_err(py)
+    }
+
+    /// Free several requests' blocks in one call, all or nothing.
+    ///
+    /// ``blocks`` is a sequence of id arrays, or one flat id array cut by ``offsets``
+    /// (as returned by ``get_new_blocks_many``). Each segment is freed in turn, reversed
+    /// first when ``reverse`` is true.
+    #[pyo3(signature = (blocks, offsets=None, *, reverse=false))]
+    fn free_blocks_many(
+        &self,
+        py: Python<'_>,
+        blocks: &Bound<'_, PyAny>,
+        offsets: Option<&Bound<'_, PyAny>>,
+        reverse: bool,
+    ) -> PyResult<()> {
+        let mut flat = Vec::new();
+        let mut cuts = vec![0usize];
+        match offsets {
+            Some(offsets) if !offsets.is_none() => {
+                extract_block_ids(blocks, self.num_blocks, &mut flat)?;
+                let mut raw = Vec::new();
+                extract_i64s(offsets, "offsets", &mut raw)?;
+                cuts = raw.into_iter().map(|o| usize::try_from(o).unwrap_or(usize::MAX)).collect();
+            }
+            _ => {
+                let iter = blocks.try_iter().map_err(|_| {
+                    error(py, ErrorKind::Dtype, format!("blocks must be a sequence of id arrays, got {}", type_name(blocks)))
+                })?;
+                for segment in iter {
+                    extract_block_ids(&segment?, self.num_blocks, &mut flat)?;
+                    cuts.push(flat.len());
+                }
+            }
+        }
+        self.pool().free_blocks_many(&flat, &cuts, reverse).py_err(py)
+    }
+
+    /// Take a reference to each block (reusing prefix-cache hits): free ones leave the
+    /// free queue. The null block is skipped.
+    fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self.ids(block_ids)?;
+        self.pool().touch(&ids).py_err(py)
+    }
+
+    /// Enter a request's newly full blocks into the prefix cache.
+    ///
+    /// ``block_ids`` and ``block_hashes`` are the request's blocks and hashes from its
+    /// first block; blocks ``num_cached_blocks..num_full_blocks`` get their hashes.
+    /// ``token_ids`` (the request's tokens), ``lora_id`` and ``lora_name`` only feed the
+    /// ``BlockStored`` event.
+    #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, *, group_id=None, token_ids=None, lora_id=None, lora_name=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn cache_full_blocks(
+        &self,
+        py: Python<'_>,
+        block_ids: &Bound<'_, PyAny>,
+        block_hashes: &Bound<'_, PyAny>,
+        num_cached_blocks: &Bound<'_, PyAny>,
+        num_full_blocks: &Bound<'_, PyAny>,
+        group_id: Option<&Bound<'_, PyAny>>,
+        token_ids: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        lora_name: Option<String>,
+    ) -> PyResult<()> {
+        if !self.pool().config().enable_caching {
+            return Err(error(py, ErrorKind::CachingDisabled, pool::PoolError::CachingDisabled.to_string()));
+        }
+        let num_cached = int_arg(num_cached_blocks, "num_cached_blocks", 0, i64::MAX)? as usize;
+        let num_full = int_arg(num_full_blocks, "num_full_blocks", 0, i64::MAX)? as usize;
+        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+        let lora_id = opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?;
+        let ids = self.ids(block_ids)?;
+        let hashes = FlatHashes::extract(block_hashes)?;
+        let tokens = match token_ids {
+            Some(t) if !t.is_none() => {
+                let mut v = Vec::new();
+                extract_i64s(t, "token_ids", &mut v)?;
+                Some(v)
+            }
+            _ => None,
+        };
+        let call = CacheBlocks {
+            block_ids: &ids,
+            block_hashes: hashes.slice(),
+            num_cached_blocks: num_cached,
+            num_full_blocks: num_full,
+            group,
+            token_ids: tokens.as_deref(),
+            lora_id,
+            lora_name: lora_name.as_deref(),
+        };
+        self.pool().cache_full_blocks(call).py_err(py)
+    }
+
+    /// The block cached under ``block_hash`` in ``group_id`` (the first one inserted), or None.
+    #[pyo3(signature = (block_hash, group_id=None))]
+    fn get_cached_block(
+        &self,
+        py: Python<'_>,
+        block_hash: &Bound<'_, PyAny>,
+        group_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<u32>> {
+        let hash = block_hash.cast::<PyBytes>().map_err(|_| {
+            error(py, ErrorKind::Dtype, format!("block_hash must be bytes, got {}", type_name(block_hash)))
+        })?;
+        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+        self.pool().get_cached_block(hash.as_bytes(), group).py_err(py)
+    }
+
+    /// The cached blocks of the longest cached prefix of ``block_hashes`` (at most
+    /// ``max_blocks``); the scan stops at the first miss. Changes nothing.
+    #[pyo3(signature = (block_hashes, *, group_id=None, max_blocks=None))]
+    fn find_longest_cache_hit<'py>(
+        &self,
+        py: Python<'py>,
+        block_hashes: &Bound<'py, PyAny>,
+        group_id: Option<&Bound<'py, PyAny>>,
+        max_blocks: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+        let max_blocks = opt_int_arg(max_blocks, "max_blocks", 0, i64::MAX)?.map(|m| m as usize);
+        let hashes = FlatHashes::extract(block_hashes)?;
+        let mut out = Vec::new();
+        self.pool().find_longest_cache_hit(hashes.slice(), group, max_blocks, &mut out).py_err(py)?;
+        Ok(ids_to_numpy(py, &out))
+    }
+
+    /// Drop the cached hash of each block, in use or not; frees nothing.
+    fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self.ids(block_ids)?;
+        self.pool().evict_blocks(&ids).py_err(py)
+    }
+
+    /// Clear the whole prefix cache. Refused (returns False, nothing changes) while any
+    /// block is in use.
+    fn reset_prefix_cache(&self) -> bool {
+        self.pool().reset_prefix_cache()
+    }
+
+    /// Number of blocks in the free queue.
+    fn get_num_free_blocks(&self) -> usize {
+        self.pool().num_free_blocks()
+    }
+
+    /// Number of blocks holding a cached hash.
+    fn get_num_cached_blocks(&self) -> usize {
+        self.pool().num_cached_blocks()
+    }
+
+    /// Fraction of usable blocks in use (the null block not counted).
+    fn get_usage(&self) -> f64 {
+        self.pool().usage()
+    }
+
+    /// The queued KV-cache events, oldest first; the queue is emptied.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.pool().take_events();
+        events_to_py(py, events)
+    }
+
+    /// The free queue's block ids, head (next to be reused) to tail.
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let ids: Vec<u32> = self.pool().free_block_ids().collect();
+        ids_to_numpy(py, &ids)
+    }
+
+    /// Block ``block_id``'s reference count.
+    fn ref_count(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let id = self.one_id(block_id)?;
+        self.pool().ref_count(id).py_err(py)
+    }
+
+    /// Every block's reference count, in id order.
+    fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let counts: Vec<i32> = self.pool().ref_counts().map(|c| c.min(i32::MAX as u32) as i32).collect();
+        PyArray1::from_vec(py, counts)
+    }
+
+    /// Block ``block_id``'s cached ``(hash, group_id)``, or None.
+    fn block_hash<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let id = self.one_id(block_id)?;
+        let key = self.pool().block_hash(id).py_err(py)?;
+        key.map(|k| PyTuple::new(py, [PyBytes::new(py, k.hash.as_bytes()).into_any(), k.group.into_pyobject(py)?.into_any()]))
+            .transpose()
+    }
+
+    /// Walk the whole structure; raise ``InvariantError`` listing every broken invariant.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.pool()
+            .check_invariants()
+            .map_err(|problems| error(py, ErrorKind::Invariant, problems.join("; ")))
+    }
+
+    fn __repr__(&self) -> String {
+        let pool = self.pool();
+        format!(
+            "BlockPool(num_blocks={}, free={}, cached={}, enable_caching={})",
+            pool.num_blocks(),
+            pool.num_free_blocks(),
+            pool.num_cached_blocks(),
+            if pool.config().enable_caching { "True" } else { "False" }
+        )
+    }
+}
+
+impl PyBlockPool {
+    fn one_id(&self, obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let id = int_arg(obj, "block_id", i64::MIN, i64::MAX)?;
+        if id < 0 || id >= self.num_blocks as i64 {
+            return Err(error(
+                obj.py(),
+                ErrorKind::InvalidBlockId,
+                format!("block id {id} is out of range for a pool of {} blocks", self.num_blocks),
+            ));
+        }
+        Ok(id as u32)
+    }
+}

@@ -1,0 +1,232 @@
+//! Conversions at the Python boundary: block ids in (numpy arrays of any integer
+//! dtype, or sequences of ints), block ids out (numpy `int32`), hashes in (sequences
+//! of `bytes`), and validated scalar arguments. Bad input becomes a `KVPoolError`
+//! subclass, never a bare `TypeError` from deep inside PyO3.
+
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyOverflowError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyList, PyString, PyTuple};
+
+use super::errors::{error, ErrorKind};
+
+/// `obj` as a Python int in `min..=max`; a non-int is a `DtypeError`, out of range an
+/// `InvalidArgumentError` naming `what`.
+pub fn int_arg(obj: &Bound<'_, PyAny>, what: &str, min: i64, max: i64) -> PyResult<i64> {
+    let py = obj.py();
+    match obj.extract::<i64>() {
+        Ok(v) if (min..=max).contains(&v) => Ok(v),
+        Ok(v) => Err(error(py, ErrorKind::InvalidArgument, format!("{what} must be in {min}..={max}, got {v}"))),
+        Err(e) if e.is_instance_of::<PyOverflowError>(py) => Err(error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!("{what} must be in {min}..={max}, got {}", obj.str().map(|s| s.to_string()).unwrap_or_default()),
+        )),
+        Err(_) => Err(error(py, ErrorKind::Dtype, format!("{what} must be an int, got {}", type_name(obj)))),
+    }
+}
+
+/// Like [`int_arg`] but `None` is allowed.
+pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, min: i64, max: i64) -> PyResult<Option<i64>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => int_arg(o, what, min, max).map(Some),
+    }
+}
+
+/// `obj`'s type name, for messages.
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+fn dtype_error(obj: &Bound<'_, PyAny>, what: &str) -> PyErr {
+    error(
+        obj.py(),
+        ErrorKind::Dtype,
+        format!("{what} must be a 1-D numpy integer array or a sequence of ints, got {}", type_name(obj)),
+    )
+}
+
+/// Integers of any width from `obj` (a 1-D numpy integer array or a sequence of
+/// ints), appended to `out` as `i64`.
+pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> PyResult<()> {
+    if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
+        let ro = arr.try_readonly().map_err(|_| dtype_error(obj, what))?;
+        match ro.as_slice() {
+            Ok(s) => out.extend_from_slice(s),
+            Err(_) => out.extend(ro.as_array().iter().copied()),
+        }
+        return Ok(());
+    }
+    if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
+        let ro = arr.try_readonly().map_err(|_| dtype_error(obj, what))?;
+        match ro.as_slice() {
+            Ok(s) => out.extend(s.iter().map(|&v| v as i64)),
+            Err(_) => out.extend(ro.as_array().iter().map(|&v| v as i64)),
+        }
+        return Ok(());
+    }
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        let kind = arr.dtype().kind();
+        if arr.ndim() != 1 || !(kind == b'i' || kind == b'u') {
+            return Err(dtype_error(obj, what));
+        }
+        // Other integer widths: let numpy widen them, then check the unsigned ones fit.
+        if kind == b'u' {
+            let wide = arr.call_method1("astype", ("uint64",))?;
+            let wide = wide.cast::<PyArray1<u64>>().map_err(|_| dtype_error(obj, what))?;
+            let ro = wide.try_readonly().map_err(|_| dtype_error(obj, what))?;
+            for &v in ro.as_array().iter() {
+                let v = i64::try_from(v).map_err(|_| {
+                    error(obj.py(), ErrorKind::InvalidArgument, format!("{what} holds integers beyond int64"))
+                })?;
+                out.push(v);
+            }
+            return Ok(());
+        }
+        let as_i64 = arr.call_method1("astype", ("int64",)).map_err(|_| dtype_error(obj, what))?;
+        return extract_i64s(&as_i64, what, out);
+    }
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(dtype_error(obj, what));
+    }
+    if let Ok(list) = obj.cast::<PyList>() {
+        out.reserve(list.len());
+        for item in list.iter() {
+            out.push(item_i64(&item, obj, what)?);
+        }
+        return Ok(());
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        out.reserve(tuple.len());
+        for item in tuple.iter() {
+            out.push(item_i64(&item, obj, what)?);
+        }
+        return Ok(());
+    }
+    if obj.cast::<PyArrayDyn<f64>>().is_ok() {
+        return Err(dtype_error(obj, what));
+    }
+    let iter = obj.try_iter().map_err(|_| dtype_error(obj, what))?;
+    for item in iter {
+        out.push(item_i64(&item?, obj, what)?);
+    }
+    Ok(())
+}
+
+#[inline]
+fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    if item.is_instance_of::<PyFloat>() || item.is_instance_of::<PyString>() {
+        return Err(dtype_error(container, what));
+    }
+    match item.extract::<i64>() {
+        Ok(v) => Ok(v),
+        Err(_) if item.extract::<i128>().is_ok() => Err(error(
+            item.py(),
+            ErrorKind::InvalidArgument,
+            format!("{what} holds an integer beyond int64"),
+        )),
+        Err(_) => Err(dtype_error(container, what)),
+    }
+}
+
+/// Block ids from `obj`, appended to `out`; a negative or too large id is an
+/// `InvalidBlockIdError` (the pool checks the upper bound of its own range).
+pub fn extract_block_ids(obj: &Bound<'_, PyAny>, num_blocks: u32, out: &mut Vec<u32>) -> PyResult<()> {
+    // Fast path: the int32 arrays kvpool itself hands out.
+    if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
+        if let Ok(ro) = arr.try_readonly() {
+            if let Ok(s) = ro.as_slice() {
+                out.reserve(s.len());
+                for &v in s {
+                    if v < 0 || v as u32 >= num_blocks {
+                        return Err(invalid_id(obj.py(), v as i64, num_blocks));
+                    }
+                    out.push(v as u32);
+                }
+                return Ok(());
+            }
+        }
+    }
+    let mut wide = Vec::new();
+    extract_i64s(obj, "block ids", &mut wide)?;
+    out.reserve(wide.len());
+    for v in wide {
+        if v < 0 || v >= num_blocks as i64 {
+            return Err(invalid_id(obj.py(), v, num_blocks));
+        }
+        out.push(v as u32);
+    }
+    Ok(())
+}
+
+fn invalid_id(py: Python<'_>, id: i64, num_blocks: u32) -> PyErr {
+    error(
+        py,
+        ErrorKind::InvalidBlockId,
+        format!("block id {id} is out of range for a pool of {num_blocks} blocks"),
+    )
+}
+
+/// Block ids out: a fresh numpy `int32` array.
+pub fn ids_to_numpy<'py>(py: Python<'py>, ids: &[u32]) -> Bound<'py, PyArray1<i32>> {
+    PyArray1::from_iter(py, ids.iter().map(|&id| id as i32))
+}
+
+/// Hashes from a sequence of `bytes` of one width, copied back to back into `flat`;
+/// returns the width (0 for an empty sequence).
+pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<usize> {
+    let py = obj.py();
+    let mut width = 0usize;
+    let mut push = |item: &Bound<'_, PyAny>| -> PyResult<()> {
+        let bytes = item.cast::<PyBytes>().map_err(|_| {
+            error(py, ErrorKind::Dtype, format!("block hashes must be bytes, got {}", type_name(item)))
+        })?;
+        let b = bytes.as_bytes();
+        if width == 0 {
+            if b.is_empty() || b.len() > crate::pool::MAX_HASH_WIDTH {
+                return Err(error(
+                    py,
+                    ErrorKind::HashWidth,
+                    format!("block hash is {} bytes wide; a hash must have 1 to 32 bytes", b.len()),
+                ));
+            }
+            width = b.len();
+        } else if b.len() != width {
+            return Err(error(
+                py,
+                ErrorKind::HashWidth,
+                format!("block hashes of different widths in one call: {} and {width} bytes", b.len()),
+            ));
+        }
+        flat.extend_from_slice(b);
+        Ok(())
+    };
+    if let Ok(list) = obj.cast::<PyList>() {
+        for item in list.iter() {
+            push(&item)?;
+        }
+    } else if let Ok(tuple) = obj.cast::<PyTuple>() {
+        for item in tuple.iter() {
+            push(&item)?;
+        }
+    } else if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyString>() {
+        return Err(error(py, ErrorKind::Dtype, "block hashes must be a sequence of bytes, not a single bytes or str"));
+    } else {
+        let iter = obj.try_iter().map_err(|_| {
+            error(py, ErrorKind::Dtype, format!("block hashes must be a sequence of bytes, got {}", type_name(obj)))
+        })?;
+        for item in iter {
+            push(&item?)?;
+        }
+    }
+    Ok(width)
+}
+
+/// A bool argument; anything but a `bool` is a `DtypeError`.
+pub fn bool_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
+    obj.cast::<PyBool>()
+        .map(|b| b.is_true())
+        .map_err(|_| error(obj.py(), ErrorKind::Dtype, format!("{what} must be a bool, got {}", type_name(obj))))
+}

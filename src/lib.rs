@@ -1,0 +1,24 @@
+//! kvpool: a KV-cache block manager for LLM inference engines.
+//!
+//! The core ([`pool`]) is plain Rust. With the `python` feature, this file also
+//! defines the `kvpool._core` extension module (built by maturin).
+
+pub mod pool;
+
+#[cfg(feature = "python")]
+mod bindings;
+
+#[cfg(feature = "python")]
+#[pyo3::pymodule]
+mod _core {
+    use pyo3::prelude::*;
+
+    #[pymodule_export]
+    use crate::bindings::block_pool::PyBlockPool;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        crate::bindings::errors::register(m)
+    }
+}

@@ -1,0 +1,656 @@
+//! The block pool: allocation, freeing, touching, prefix caching and lookup.
+//!
+//! Semantics follow vLLM's v1 `BlockPool` (see `docs/semantics.md` of the
+//! project). Every operation validates its whole input before it changes
+//! anything, so an `Err` leaves the pool exactly as it was.
+
+use super::error::{PoolError, PoolResult};
+use super::events::PoolEvent;
+use super::free_queue::FreeQueue;
+use super::hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
+use super::prefix_map::PrefixMap;
+use super::slab::{Slab, NIL};
+
+/// Largest pool: block ids must fit in a numpy `int32`.
+pub const MAX_BLOCKS: u32 = i32::MAX as u32;
+
+/// How a pool is built.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Number of blocks, ids `0..num_blocks`.
+    pub num_blocks: u32,
+    /// Keep a prefix cache of full blocks.
+    pub enable_caching: bool,
+    /// Reserve block 0 as vLLM's null block (never allocated, freed or cached).
+    pub null_block: bool,
+    /// Queue [`PoolEvent`]s.
+    pub enable_events: bool,
+    /// Tokens per block (for `BlockStored` events).
+    pub block_size: u32,
+    /// Width of every block hash in bytes; `None` fixes it at the first cached hash.
+    pub hash_width: Option<usize>,
+}
+
+impl PoolConfig {
+    /// vLLM's defaults for a pool of `num_blocks`: caching on, a null block, no events,
+    /// 16 tokens per block.
+    pub fn new(num_blocks: u32) -> Self {
+        Self {
+            num_blocks,
+            enable_caching: true,
+            null_block: true,
+            enable_events: false,
+            block_size: 16,
+            hash_width: None,
+        }
+    }
+}
+
+/// One `cache_full_blocks` call: a request's blocks and hashes, of which blocks
+/// `num_cached_blocks..num_full_blocks` are newly full.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheBlocks<'a> {
+    /// The request's block ids, from its first block.
+    pub block_ids: &'a [u32],
+    /// The request's block hashes, from its first block.
+    pub block_hashes: HashSlice<'a>,
+    /// Blocks of the request already cached.
+    pub num_cached_blocks: usize,
+    /// Blocks of the request now full.
+    pub num_full_blocks: usize,
+    /// KV-cache group of the blocks.
+    pub group: u32,
+    /// The request's token ids, for the `BlockStored` event.
+    pub token_ids: Option<&'a [i64]>,
+    /// LoRA adapter id for the event.
+    pub lora_id: Option<i64>,
+    /// LoRA adapter name for the event.
+    pub lora_name: Option<&'a str>,
+}
+
+impl<'a> CacheBlocks<'a> {
+    /// A call with no token ids, no LoRA, group 0.
+    pub fn new(
+        block_ids: &'a [u32],
+        block_hashes: HashSlice<'a>,
+        num_cached_blocks: usize,
+        num_full_blocks: usize,
+    ) -> Self {
+        Self {
+            block_ids,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            group: 0,
+            token_ids: None,
+            lora_id: None,
+            lora_name: None,
+        }
+    }
+}
+
+/// A pool of KV-cache blocks with an LRU free queue and a prefix cache.
+///
+/// ```
+/// use kvpool::pool::{BlockPool, PoolConfig, HashSlice};
+/// let mut pool = BlockPool::new(PoolConfig::new(8)).unwrap();
+/// let mut ids = Vec::new();
+/// pool.get_new_blocks(2, &mut ids).unwrap();          // blocks 1 and 2 (0 is the null block)
+/// let hashes = [1u8; 16];                              // two 8-byte hashes
+/// let hashes = HashSlice::new(&hashes, 8).unwrap();
+/// pool.cache_full_blocks(kvpool::pool::CacheBlocks::new(&ids, hashes, 0, 2)).unwrap();
+/// pool.free_blocks(&[2, 1]).unwrap();                  // tail first
+/// assert_eq!(pool.get_cached_block(&[1u8; 8], 0).unwrap(), Some(1));
+/// ```
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    config: PoolConfig,
+    slab: Slab,
+    queue: FreeQueue,
+    map: PrefixMap,
+    events: Vec<PoolEvent>,
+    hash_width: Option<usize>,
+    /// Blocks of one `free_blocks` call that reached 0: uncached ones (to the head).
+    to_head: Vec<u32>,
+    /// ... and cached ones (to the tail).
+    to_tail: Vec<u32>,
+}
+
+impl BlockPool {
+    /// Builds a pool; every block starts free, in id order.
+    pub fn new(config: PoolConfig) -> PoolResult<Self> {
+        if config.num_blocks == 0 || config.num_blocks > MAX_BLOCKS {
+            return Err(PoolError::InvalidArgument(format!(
+                "num_blocks must be in 1..={MAX_BLOCKS}, got {}",
+                config.num_blocks
+            )));
+        }
+        if config.block_size == 0 {
+            return Err(PoolError::InvalidArgument("block_size must be at least 1".into()));
+        }
+        if let Some(w) = config.hash_width {
+            if w == 0 || w > MAX_HASH_WIDTH {
+                return Err(PoolError::InvalidArgument(format!(
+                    "hash_width must be in 1..={MAX_HASH_WIDTH}, got {w}"
+                )));
+            }
+        }
+        let mut slab = Slab::new(config.num_blocks);
+        let mut queue = FreeQueue::new();
+        let first = u32::from(config.null_block);
+        let ids: Vec<u32> = (first..config.num_blocks).collect();
+        queue.push_back_n(&mut slab, &ids);
+        Ok(Self {
+            hash_width: config.hash_width,
+            config,
+            slab,
+            queue,
+            map: PrefixMap::new(),
+            events: Vec::new(),
+            to_head: Vec::new(),
+            to_tail: Vec::new(),
+        })
+    }
+
+    /// The configuration the pool was built with.
+    pub fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    /// Number of blocks.
+    pub fn num_blocks(&self) -> u32 {
+        self.config.num_blocks
+    }
+
+    /// The null block's id, if the pool has one.
+    pub fn null_block(&self) -> Option<u32> {
+        self.config.null_block.then_some(0)
+    }
+
+    /// The width of the pool's block hashes, once fixed.
+    pub fn hash_width(&self) -> Option<usize> {
+        self.hash_width
+    }
+
+    #[inline]
+    fn is_null(&self, id: u32) -> bool {
+        self.config.null_block && id == 0
+    }
+
+    /// Fails on the first id outside `0..num_blocks`.
+    #[inline]
+    pub fn check_ids(&self, ids: &[u32]) -> PoolResult<()> {
+        let n = self.config.num_blocks;
+        match ids.iter().find(|&&id| id >= n) {
+            Some(&id) => Err(PoolError::InvalidBlockId { block_id: id as i64, num_blocks: n }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_hash_width(&self, width: usize) -> PoolResult<()> {
+        match self.hash_width {
+            Some(w) if w != width => Err(PoolError::HashWidth { got: width, expected: Some(w) }),
+            _ if width == 0 || width > MAX_HASH_WIDTH => {
+                Err(PoolError::HashWidth { got: width, expected: None })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    // ------------------------------------------------------------ allocation
+
+    /// Pops `n` blocks from the head of the free queue into `out`, evicting any
+    /// cached hash they still hold; each gets reference count 1.
+    pub fn get_new_blocks(&mut self, n: usize, out: &mut Vec<u32>) -> PoolResult<()> {
+        if n > self.queue.len() {
+            return Err(PoolError::NoFreeBlocks { requested: n, free: self.queue.len() });
+        }
+        let start = out.len();
+        self.queue.pop_front_n(&mut self.slab, n, out);
+        for &id in &out[start..] {
+            let meta = self.slab.get_mut(id);
+            meta.ref_cnt = 1;
+            if meta.key_slot != NIL {
+                let slot = meta.key_slot;
+                meta.key_slot = NIL;
+                let key = self.map.remove(slot);
+                if self.config.enable_events {
+                    self.events
+                        .push(PoolEvent::BlockRemoved { block_hash: key.hash, group_idx: key.group });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates for several requests at once: `counts[i]` blocks for request `i`,
+    /// appended to `out` in order, with `offsets` (`counts.len() + 1` entries, from 0)
+    /// marking where each request's blocks start. All or nothing.
+    pub fn get_new_blocks_many(
+        &mut self,
+        counts: &[usize],
+        out: &mut Vec<u32>,
+        offsets: &mut Vec<usize>,
+    ) -> PoolResult<()> {
+        let total = counts.iter().try_fold(0usize, |acc, &c| acc.checked_add(c));
+        let total = total.unwrap_or(usize::MAX);
+        if total > self.queue.len() {
+            return Err(PoolError::NoFreeBlocks { requested: total, free: self.queue.len() });
+        }
+        out.reserve(total);
+        offsets.reserve(counts.len() + 1);
+        offsets.push(out.len());
+        for &c in counts {
+            self.get_new_blocks(c, out)?;
+            offsets.push(out.len());
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ freeing
+
+    /// Drops one reference to each block, in the order given (callers pass a
+    /// request's blocks tail first). Blocks reaching 0 go to the free queue:
+    /// uncached ones to the head (reused first), cached ones to the tail (evicted
+    /// last), each group in the order given. The null block is skipped.
+    pub fn free_blocks(&mut self, ids: &[u32]) -> PoolResult<()> {
+        self.check_ids(ids)?;
+        self.release(ids.iter().copied())?;
+        self.enqueue_released();
+        Ok(())
+    }
+
+    /// Frees several requests' blocks at once: segment `i` is
+    /// `flat[offsets[i]..offsets[i + 1]]`, reversed first when `reverse`. The same as
+    /// `free_blocks` on each segment in turn, but all or nothing.
+    pub fn free_blocks_many(
+        &mut self,
+        flat: &[u32],
+        offsets: &[usize],
+        reverse: bool,
+    ) -> PoolResult<()> {
+        check_offsets(offsets, flat.len())?;
+        self.check_ids(flat)?;
+        let segments = offsets.windows(2).map(|w| &flat[w[0]..w[1]]);
+        if reverse {
+            self.release(segments.flat_map(|s| s.iter().rev().copied()))?;
+        } else {
+            self.release(segments.flat_map(|s| s.iter().copied()))?;
+        }
+        self.enqueue_released();
+        Ok(())
+    }
+
+    /// Decrements counts in order, collecting blocks that reach 0 into `to_head` /
+    /// `to_tail`. On a double free, restores every count it changed.
+    fn release(&mut self, ids: impl Iterator<Item = u32> + Clone) -> PoolResult<()> {
+        self.to_head.clear();
+        self.to_tail.clear();
+        let caching = self.config.enable_caching;
+        for (done, id) in ids.clone().enumerate() {
+            if self.is_null(id) {
+                continue;
+            }
+            let meta = self.slab.get_mut(id);
+            if meta.ref_cnt == 0 {
+                for undo in ids.take(done) {
+                    if !self.is_null(undo) {
+                        self.slab.get_mut(undo).ref_cnt += 1;
+                    }
+                }
+                self.to_head.clear();
+                self.to_tail.clear();
+                return Err(PoolError::DoubleFree { block_id: id });
+            }
+            meta.ref_cnt -= 1;
+            if meta.ref_cnt == 0 {
+                if caching && meta.is_cached() {
+                    self.to_tail.push(id);
+                } else {
+                    self.to_head.push(id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn enqueue_released(&mut self) {
+        self.queue.push_front_n(&mut self.slab, &self.to_head);
+        self.queue.push_back_n(&mut self.slab, &self.to_tail);
+    }
+
+    /// Takes a reference to each block (a prefix-cache hit reused by a request):
+    /// a free block leaves the free queue. Its hash stays. The null block is skipped.
+    pub fn touch(&mut self, ids: &[u32]) -> PoolResult<()> {
+        self.check_ids(ids)?;
+        for &id in ids {
+            if self.is_null(id) {
+                continue;
+            }
+            if self.slab.get(id).ref_cnt == 0 {
+                self.queue.remove(&mut self.slab, id);
+            }
+            let meta = self.slab.get_mut(id);
+            meta.ref_cnt = meta.ref_cnt.saturating_add(1);
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ prefix cache
+
+    /// Enters a request's newly full blocks into the prefix cache (see
+    /// [`CacheBlocks`]) and queues one `BlockStored` event.
+    pub fn cache_full_blocks(&mut self, call: CacheBlocks<'_>) -> PoolResult<()> {
+        if !self.config.enable_caching {
+            return Err(PoolError::CachingDisabled);
+        }
+        let CacheBlocks { block_ids, block_hashes, num_cached_blocks, num_full_blocks, .. } = call;
+        if num_cached_blocks > num_full_blocks {
+            return Err(PoolError::InvalidArgument(format!(
+                "num_cached_blocks ({num_cached_blocks}) exceeds num_full_blocks ({num_full_blocks})"
+            )));
+        }
+        if num_full_blocks > block_ids.len() || num_full_blocks > block_hashes.len() {
+            return Err(PoolError::InvalidArgument(format!(
+                "num_full_blocks ({num_full_blocks}) exceeds the {} block ids or the {} block hashes given",
+                block_ids.len(),
+                block_hashes.len()
+            )));
+        }
+        self.check_ids(block_ids)?;
+        if !block_hashes.is_empty() {
+            self.check_hash_width(block_hashes.width())?;
+        }
+        let block_size = self.config.block_size as usize;
+        if let Some(tokens) = call.token_ids {
+            if tokens.len() < num_full_blocks * block_size {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{} token ids cannot fill {num_full_blocks} blocks of {block_size} tokens",
+                    tokens.len()
+                )));
+            }
+        }
+        if num_cached_blocks == num_full_blocks {
+            return Ok(());
+        }
+        let new_blocks = &block_ids[num_cached_blocks..num_full_blocks];
+        for (i, &id) in new_blocks.iter().enumerate() {
+            if self.is_null(id) {
+                continue;
+            }
+            let meta = *self.slab.get(id);
+            let problem = if meta.ref_cnt == 0 {
+                Some("is free: only a block in use can be cached")
+            } else if meta.is_cached() {
+                Some("already holds a block hash")
+            } else {
+                None
+            };
+            if let Some(reason) = problem {
+                self.uncache(&new_blocks[..i]);
+                return Err(PoolError::BlockState { block_id: id, reason });
+            }
+            let hash = block_hashes.block_hash(num_cached_blocks + i);
+            let slot = self.map.insert(BlockHashKey::new(hash, call.group), id);
+            self.slab.get_mut(id).key_slot = slot;
+        }
+        if self.hash_width.is_none() {
+            self.hash_width = Some(block_hashes.width());
+        }
+        if self.config.enable_events {
+            let hashes = new_blocks
+                .iter()
+                .enumerate()
+                .filter(|(_, &id)| !self.is_null(id))
+                .map(|(i, _)| block_hashes.block_hash(num_cached_blocks + i))
+                .collect();
+            let token_ids = call
+                .token_ids
+                .map(|t| t[num_cached_blocks * block_size..num_full_blocks * block_size].to_vec())
+                .unwrap_or_default();
+            self.events.push(PoolEvent::BlockStored {
+                block_hashes: hashes,
+                parent_block_hash: num_cached_blocks
+                    .checked_sub(1)
+                    .map(|i| block_hashes.block_hash(i)),
+                token_ids,
+                block_size: self.config.block_size,
+                lora_id: call.lora_id,
+                lora_name: call.lora_name.map(str::to_owned),
+                group_idx: call.group,
+            });
+        }
+        Ok(())
+    }
+
+    /// Rolls back a partial `cache_full_blocks`: drops the keys just given to `ids`.
+    fn uncache(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if self.is_null(id) {
+                continue;
+            }
+            let slot = std::mem::replace(&mut self.slab.get_mut(id).key_slot, NIL);
+            if slot != NIL {
+                self.map.remove(slot);
+            }
+        }
+    }
+
+    /// The first-inserted block cached under `hash` in `group`, if any.
+    pub fn get_cached_block(&self, hash: &[u8], group: u32) -> PoolResult<Option<u32>> {
+        self.check_hash_width(hash.len())?;
+        let key = BlockHashKey::new(BlockHash::new(hash)?, group);
+        Ok(self.map.get(&key))
+    }
+
+    /// Appends to `out` the cached blocks of the longest prefix of `hashes` (at most
+    /// `max_blocks`) that is cached in `group`: the scan stops at the first miss.
+    /// Returns the number of hits. Changes nothing.
+    pub fn find_longest_cache_hit(
+        &self,
+        hashes: HashSlice<'_>,
+        group: u32,
+        max_blocks: Option<usize>,
+        out: &mut Vec<u32>,
+    ) -> PoolResult<usize> {
+        if hashes.is_empty() {
+            return Ok(0);
+        }
+        self.check_hash_width(hashes.width())?;
+        let limit = max_blocks.map_or(hashes.len(), |m| m.min(hashes.len()));
+        let start = out.len();
+        for i in 0..limit {
+            match self.map.get(&BlockHashKey::new(hashes.block_hash(i), group)) {
+                Some(id) => out.push(id),
+                None => break,
+            }
+        }
+        Ok(out.len() - start)
+    }
+
+    /// Drops the cached hash of each block (in use or not); frees nothing.
+    pub fn evict_blocks(&mut self, ids: &[u32]) -> PoolResult<()> {
+        self.check_ids(ids)?;
+        for &id in ids {
+            let slot = std::mem::replace(&mut self.slab.get_mut(id).key_slot, NIL);
+            if slot != NIL {
+                let key = self.map.remove(slot);
+                if self.config.enable_events {
+                    self.events
+                        .push(PoolEvent::BlockRemoved { block_hash: key.hash, group_idx: key.group });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears the whole prefix cache if no block is in use; returns whether it did.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_used_blocks() > 0 {
+            return false;
+        }
+        for meta in self.slab.iter_mut() {
+            meta.key_slot = NIL;
+        }
+        self.map.clear();
+        if self.config.enable_events {
+            self.events.push(PoolEvent::AllBlocksCleared);
+        }
+        true
+    }
+
+    // ------------------------------------------------------------ observation
+
+    /// Blocks in the free queue.
+    pub fn num_free_blocks(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Blocks holding a cached hash.
+    pub fn num_cached_blocks(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Blocks held by requests (the null block not counted).
+    pub fn num_used_blocks(&self) -> usize {
+        self.usable_blocks() - self.queue.len()
+    }
+
+    fn usable_blocks(&self) -> usize {
+        self.config.num_blocks as usize - usize::from(self.config.null_block)
+    }
+
+    /// Fraction of usable blocks in use: `1 - free / usable`.
+    pub fn usage(&self) -> f64 {
+        let usable = self.usable_blocks();
+        if usable == 0 {
+            return 0.0;
+        }
+        1.0 - self.queue.len() as f64 / usable as f64
+    }
+
+    /// Hands over the queued events, oldest first.
+    pub fn take_events(&mut self) -> Vec<PoolEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Number of queued events.
+    pub fn num_pending_events(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The free queue, head (next to be reused) to tail.
+    pub fn free_block_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.queue.iter(&self.slab)
+    }
+
+    /// Block `id`'s reference count.
+    pub fn ref_count(&self, id: u32) -> PoolResult<u32> {
+        self.check_ids(&[id])?;
+        Ok(self.slab.get(id).ref_cnt)
+    }
+
+    /// Every block's reference count, in id order.
+    pub fn ref_counts(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slab.iter().map(|m| m.ref_cnt)
+    }
+
+    /// Block `id`'s cached key, if it holds one.
+    pub fn block_hash(&self, id: u32) -> PoolResult<Option<BlockHashKey>> {
+        self.check_ids(&[id])?;
+        let slot = self.slab.get(id).key_slot;
+        Ok((slot != NIL).then(|| *self.map.key_at(slot)))
+    }
+
+    /// Walks the whole structure; returns a description of every broken invariant.
+    pub fn check_invariants(&self) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        let n = self.config.num_blocks;
+        let mut in_queue = vec![false; n as usize];
+        let mut prev = NIL;
+        let mut walked = 0usize;
+        for id in self.queue.iter(&self.slab) {
+            walked += 1;
+            if in_queue[id as usize] {
+                problems.push(format!("free queue: block {id} appears twice"));
+                break;
+            }
+            in_queue[id as usize] = true;
+            let meta = self.slab.get(id);
+            if meta.prev != prev {
+                problems.push(format!("free queue: block {id} links back to {} not {prev}", meta.prev));
+            }
+            if self.is_null(id) {
+                problems.push("free queue: holds the null block".into());
+            }
+            prev = id;
+        }
+        if walked != self.queue.len() {
+            problems.push(format!("free queue: walked {walked} blocks, length says {}", self.queue.len()));
+        }
+        if self.queue.tail() != prev {
+            problems.push(format!("free queue: tail is {} but the walk ended at {prev}", self.queue.tail()));
+        }
+        for (id, meta) in self.slab.iter().enumerate() {
+            let id = id as u32;
+            if self.is_null(id) {
+                if meta.ref_cnt != 0 || meta.is_cached() {
+                    problems.push("null block: has a count or a hash".into());
+                }
+                continue;
+            }
+            if (meta.ref_cnt == 0) != in_queue[id as usize] {
+                problems.push(format!(
+                    "block {id}: count {} but {} the free queue",
+                    meta.ref_cnt,
+                    if in_queue[id as usize] { "in" } else { "not in" }
+                ));
+            }
+            if meta.is_cached() && self.map.block_at(meta.key_slot) != id {
+                problems.push(format!("block {id}: its key slot belongs to another block"));
+            }
+            if meta.is_cached() && !self.config.enable_caching {
+                problems.push(format!("block {id}: cached although caching is off"));
+            }
+        }
+        let cached = self.slab.iter().filter(|m| m.is_cached()).count();
+        if cached != self.map.len() {
+            problems.push(format!("prefix map: {} entries but {cached} cached blocks", self.map.len()));
+        }
+        let slab = &self.slab;
+        self.map.check(
+            |block| {
+                (block < n).then(|| slab.get(block).key_slot).filter(|&s| s != NIL)
+            },
+            &mut problems,
+        );
+        if let Some(w) = self.hash_width {
+            if (0..n).any(|id| {
+                let m = slab.get(id);
+                m.is_cached() && self.map.key_at(m.key_slot).hash.width() != w
+            }) {
+                problems.push("prefix map: a cached hash has another width than the pool's".into());
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// Offsets cutting a flat array of `len` items into segments: from 0, non-decreasing,
+/// ending at `len`.
+pub fn check_offsets(offsets: &[usize], len: usize) -> PoolResult<()> {
+    let ok = offsets.first() == Some(&0)
+        && offsets.last() == Some(&len)
+        && offsets.windows(2).all(|w| w[0] <= w[1]);
+    if ok {
+        Ok(())
+    } else {
+        Err(PoolError::InvalidArgument(format!(
+            "offsets must start at 0, never decrease and end at {len} (the number of ids)"
+        )))
+    }
+}

@@ -1,0 +1,178 @@
+//! Fixed-size, allocation-free representations of block hashes and prefix-map keys.
+
+use super::error::{PoolError, PoolResult};
+
+/// The widest block hash the pool stores (SHA-256).
+pub const MAX_HASH_WIDTH: usize = 32;
+
+/// One block hash of 1 to 32 bytes, stored inline.
+///
+/// ```
+/// use kvpool::pool::BlockHash;
+/// let h = BlockHash::new(b"0123456789abcdef").unwrap();
+/// assert_eq!(h.as_bytes(), b"0123456789abcdef");
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct BlockHash {
+    bytes: [u8; MAX_HASH_WIDTH],
+    len: u8,
+}
+
+impl BlockHash {
+    /// Copies `hash`; fails unless it has 1 to 32 bytes.
+    pub fn new(hash: &[u8]) -> PoolResult<Self> {
+        if hash.is_empty() || hash.len() > MAX_HASH_WIDTH {
+            return Err(PoolError::HashWidth { got: hash.len(), expected: None });
+        }
+        let mut bytes = [0u8; MAX_HASH_WIDTH];
+        bytes[..hash.len()].copy_from_slice(hash);
+        Ok(Self { bytes, len: hash.len() as u8 })
+    }
+
+    /// The hash bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// Width in bytes.
+    pub fn width(&self) -> usize {
+        self.len as usize
+    }
+
+    /// A well-mixed 64-bit fingerprint for the prefix map's hash table.
+    ///
+    /// The bytes are already a cryptographic or xxh3 digest, but callers may pass
+    /// structured ids (e.g. small integers), so every byte is folded in.
+    #[inline]
+    fn fingerprint(&self) -> u64 {
+        const K: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut h = self.len as u64;
+        for word in self.bytes.chunks_exact(8) {
+            let w = u64::from_le_bytes([
+                word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7],
+            ]);
+            h = (h.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        h
+    }
+}
+
+/// A prefix-map key: a block hash within one KV-cache group.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct BlockHashKey {
+    /// The block's hash.
+    pub hash: BlockHash,
+    /// The KV-cache group the block belongs to.
+    pub group: u32,
+}
+
+impl BlockHashKey {
+    /// The key of `hash` in `group`.
+    pub fn new(hash: BlockHash, group: u32) -> Self {
+        Self { hash, group }
+    }
+
+    /// The 64-bit hash used by the prefix map's table.
+    #[inline]
+    pub(crate) fn table_hash(&self) -> u64 {
+        let h = self.hash.fingerprint() ^ (self.group as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        h ^ (h >> 29)
+    }
+}
+
+/// A borrowed list of equally wide block hashes, stored back to back.
+///
+/// This is how hashes cross into the core: from a list of Python `bytes` copied
+/// once into a flat buffer, or straight from a hash list computed in Rust.
+#[derive(Clone, Copy, Debug)]
+pub struct HashSlice<'a> {
+    bytes: &'a [u8],
+    width: usize,
+}
+
+impl<'a> HashSlice<'a> {
+    /// Views `bytes` as `bytes.len() / width` hashes of `width` bytes.
+    pub fn new(bytes: &'a [u8], width: usize) -> PoolResult<Self> {
+        if width == 0 || width > MAX_HASH_WIDTH {
+            return Err(PoolError::HashWidth { got: width, expected: None });
+        }
+        if bytes.len() % width != 0 {
+            return Err(PoolError::InvalidArgument(format!(
+                "a flat hash buffer of {} bytes is not a whole number of {width}-byte hashes",
+                bytes.len()
+            )));
+        }
+        Ok(Self { bytes, width })
+    }
+
+    /// No hashes (of width 32, which no check will ever look at).
+    pub fn empty() -> Self {
+        Self { bytes: &[], width: MAX_HASH_WIDTH }
+    }
+
+    /// The number of hashes.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.width
+    }
+
+    /// True when there are no hashes.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Width of each hash in bytes.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Hash `i`.
+    pub fn get(&self, i: usize) -> &'a [u8] {
+        &self.bytes[i * self.width..(i + 1) * self.width]
+    }
+
+    /// Hash `i` as a [`BlockHash`].
+    pub fn block_hash(&self, i: usize) -> BlockHash {
+        let mut bytes = [0u8; MAX_HASH_WIDTH];
+        bytes[..self.width].copy_from_slice(self.get(i));
+        BlockHash { bytes, len: self.width as u8 }
+    }
+
+    /// The first `n` hashes.
+    pub fn prefix(&self, n: usize) -> Self {
+        Self { bytes: &self.bytes[..n.min(self.len()) * self.width], width: self.width }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_width_is_checked() {
+        assert!(BlockHash::new(b"").is_err());
+        assert!(BlockHash::new(&[1u8; 33]).is_err());
+        assert_eq!(BlockHash::new(&[7u8; 32]).unwrap().width(), 32);
+    }
+
+    #[test]
+    fn keys_differ_by_group_and_width() {
+        let a = BlockHashKey::new(BlockHash::new(b"abcd").unwrap(), 0);
+        let b = BlockHashKey::new(BlockHash::new(b"abcd").unwrap(), 1);
+        let c = BlockHashKey::new(BlockHash::new(b"abcd\0").unwrap(), 0);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a.table_hash(), b.table_hash());
+        assert_ne!(a.table_hash(), c.table_hash());
+    }
+
+    #[test]
+    fn hash_slice_views_flat_bytes() {
+        let flat = [1u8, 1, 2, 2, 3, 3];
+        let s = HashSlice::new(&flat, 2).unwrap();
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.get(1), &[2, 2]);
+        assert_eq!(s.prefix(2).len(), 2);
+        assert!(HashSlice::new(&flat, 4).is_err());
+        assert!(HashSlice::new(&flat, 0).is_err());
+    }
+}
