@@ -309,7 +309,7 @@ def test_cache_full_blocks_group_id_separates_keys(Pool):
     assert pool.get_cached_block(H[0], 3) == a[1]
     assert pool.get_cached_block(H[0], 1) is None
     assert pool.block_hash(a[1]) == (H[0], 3)
-    assert pool.take_events()[1] == stored([H[0]], None, [], block_size=16, group=3)
+    assert pool.take_events()[1] == stored([H[0]], None, [], block_size=1, group=3)
     assert ids(pool.find_longest_cache_hit([H[0]], group_id=3)) == [a[1]]
 
 
