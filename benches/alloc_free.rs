@@ -24,7 +24,8 @@ fn no_caching(c: &mut Criterion) {
     group.bench_function("no_caching", |b| {
         b.iter(|| {
             ids.clear();
-            pool.get_new_blocks(black_box(BLOCKS_PER_REQUEST), &mut ids).unwrap();
+            pool.get_new_blocks(black_box(BLOCKS_PER_REQUEST), &mut ids)
+                .unwrap();
             ids.reverse();
             pool.free_blocks(black_box(&ids)).unwrap();
         })
@@ -50,7 +51,9 @@ fn evicting(c: &mut Criterion) {
     let mut next_hash = 0u64;
     let mut ids = Vec::with_capacity(BLOCKS_PER_REQUEST);
     // Fill the cache: after one pass every free block holds a hash.
-    while next_hash < (num_blocks as u64 - 1) / BLOCKS_PER_REQUEST as u64 * BLOCKS_PER_REQUEST as u64 {
+    while next_hash
+        < (num_blocks as u64 - 1) / BLOCKS_PER_REQUEST as u64 * BLOCKS_PER_REQUEST as u64
+    {
         ids.clear();
         pool.get_new_blocks(BLOCKS_PER_REQUEST, &mut ids).unwrap();
         let h = hashes(next_hash, BLOCKS_PER_REQUEST);
@@ -71,7 +74,8 @@ fn evicting(c: &mut Criterion) {
             |h| {
                 ids.clear();
                 pool.get_new_blocks(BLOCKS_PER_REQUEST, &mut ids).unwrap();
-                let call = CacheBlocks::new(&ids, HashSlice::new(h, 32).unwrap(), 0, BLOCKS_PER_REQUEST);
+                let call =
+                    CacheBlocks::new(&ids, HashSlice::new(h, 32).unwrap(), 0, BLOCKS_PER_REQUEST);
                 pool.cache_full_blocks(call).unwrap();
                 ids.reverse();
                 pool.free_blocks(&ids).unwrap();

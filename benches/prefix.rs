@@ -31,8 +31,13 @@ fn warm_pool(hashes: &[u8]) -> (BlockPool, Vec<u32>) {
     let mut pool = BlockPool::new(PoolConfig::new(32_768)).unwrap();
     let mut ids = Vec::new();
     pool.get_new_blocks(BLOCKS, &mut ids).unwrap();
-    pool.cache_full_blocks(CacheBlocks::new(&ids, HashSlice::new(hashes, 32).unwrap(), 0, BLOCKS))
-        .unwrap();
+    pool.cache_full_blocks(CacheBlocks::new(
+        &ids,
+        HashSlice::new(hashes, 32).unwrap(),
+        0,
+        BLOCKS,
+    ))
+    .unwrap();
     let mut reversed = ids.clone();
     reversed.reverse();
     pool.free_blocks(&reversed).unwrap();
@@ -69,13 +74,15 @@ fn lookup(c: &mut Criterion) {
     group.bench_function("longest_hit_75", |b| {
         b.iter(|| {
             hits.clear();
-            pool.find_longest_cache_hit(black_box(slice), 0, None, &mut hits).unwrap()
+            pool.find_longest_cache_hit(black_box(slice), 0, None, &mut hits)
+                .unwrap()
         })
     });
     group.bench_function("hit_touch_free_75", |b| {
         b.iter(|| {
             hits.clear();
-            pool.find_longest_cache_hit(black_box(slice), 0, Some(BLOCKS - 1), &mut hits).unwrap();
+            pool.find_longest_cache_hit(black_box(slice), 0, Some(BLOCKS - 1), &mut hits)
+                .unwrap();
             pool.touch(&hits).unwrap();
             hits.reverse();
             pool.free_blocks(&hits).unwrap();

@@ -15,6 +15,14 @@ mod _core {
 
     #[pymodule_export]
     use crate::bindings::block_pool::PyBlockPool;
+    #[pymodule_export]
+    use crate::bindings::hashing::{
+        compute_none_hash, encode_hash_input, hash_value, PyBlockHashList, PyBlockHasher,
+    };
+    #[pymodule_export]
+    use crate::bindings::manager::{PyKVCacheManager, PyStepResult};
+    #[pymodule_export]
+    use crate::bindings::tracker::PyComputedBlocksTracker;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

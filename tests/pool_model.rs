@@ -3,7 +3,9 @@
 //! compared after every step: ids handed out, errors, free-queue order, counts,
 //! hashes, hits and events. In the manner of slotmap's `slotmap_equiv_hashmap`.
 
-use kvpool::pool::{BlockHash, BlockPool, CacheBlocks, HashSlice, PoolConfig, PoolError, PoolEvent};
+use kvpool::pool::{
+    BlockHash, BlockPool, CacheBlocks, HashSlice, PoolConfig, PoolError, PoolEvent,
+};
 use proptest::prelude::*;
 
 const WIDTH: usize = 4;
@@ -110,7 +112,10 @@ impl Model {
             if self.is_null(id) {
                 continue;
             }
-            if self.counts[id as usize] == 0 || self.hashes[id as usize].is_some() || new[..i].contains(&id) {
+            if self.counts[id as usize] == 0
+                || self.hashes[id as usize].is_some()
+                || new[..i].contains(&id)
+            {
                 return Err(());
             }
         }
@@ -129,7 +134,9 @@ impl Model {
         }
         self.events.push(PoolEvent::BlockStored {
             block_hashes: stored,
-            parent_block_hash: from.checked_sub(1).map(|i| BlockHash::new(&hashes[i]).unwrap()),
+            parent_block_hash: from
+                .checked_sub(1)
+                .map(|i| BlockHash::new(&hashes[i]).unwrap()),
             token_ids: vec![],
             block_size: 16,
             lora_id: None,
@@ -140,7 +147,10 @@ impl Model {
     }
 
     fn lookup(&self, hash: &[u8]) -> Option<u32> {
-        self.map.iter().find(|(k, _)| k.0 == hash && k.1 == 0).map(|(_, b)| b[0])
+        self.map
+            .iter()
+            .find(|(k, _)| k.0 == hash && k.1 == 0)
+            .map(|(_, b)| b[0])
     }
 
     fn reset(&mut self) -> bool {
@@ -191,14 +201,32 @@ fn hash_of(symbol: u8, position: usize) -> Vec<u8> {
 
 fn compare(pool: &mut BlockPool, model: &mut Model) {
     pool.check_invariants().unwrap();
-    assert_eq!(pool.free_block_ids().collect::<Vec<_>>(), model.queue, "free queue");
-    assert_eq!(pool.ref_counts().collect::<Vec<_>>(), model.counts, "counts");
+    assert_eq!(
+        pool.free_block_ids().collect::<Vec<_>>(),
+        model.queue,
+        "free queue"
+    );
+    assert_eq!(
+        pool.ref_counts().collect::<Vec<_>>(),
+        model.counts,
+        "counts"
+    );
     for id in 0..model.counts.len() as u32 {
-        let got = pool.block_hash(id).unwrap().map(|k| (k.hash.as_bytes().to_vec(), k.group));
+        let got = pool
+            .block_hash(id)
+            .unwrap()
+            .map(|k| (k.hash.as_bytes().to_vec(), k.group));
         assert_eq!(got, model.hashes[id as usize], "hash of block {id}");
     }
-    assert_eq!(pool.num_cached_blocks(), model.map.iter().map(|(_, b)| b.len()).sum::<usize>());
-    assert_eq!(pool.take_events(), std::mem::take(&mut model.events), "events");
+    assert_eq!(
+        pool.num_cached_blocks(),
+        model.map.iter().map(|(_, b)| b.len()).sum::<usize>()
+    );
+    assert_eq!(
+        pool.take_events(),
+        std::mem::take(&mut model.events),
+        "events"
+    );
 }
 
 fn run(num_blocks: u32, caching: bool, null: bool, ops: Vec<Op>) {
@@ -239,22 +267,32 @@ fn run(num_blocks: u32, caching: bool, null: bool, ops: Vec<Op>) {
                 if reverse {
                     blocks.reverse();
                 }
-                assert_eq!(pool.free_blocks(&blocks).is_ok(), model.free(&blocks).is_ok());
+                assert_eq!(
+                    pool.free_blocks(&blocks).is_ok(),
+                    model.free(&blocks).is_ok()
+                );
             }
             Op::Free(..) => {}
             Op::FreeMany(reverse) => {
                 let mut flat = vec![];
                 let mut offsets = vec![0];
-                let mut order = vec![];
-                for blocks in held.drain(..) {
+                let mut segments = vec![];
+                for mut blocks in held.drain(..) {
                     flat.extend(&blocks);
                     offsets.push(flat.len());
-                    order.extend(blocks.iter().rev().copied().collect::<Vec<_>>().into_iter().filter(|_| reverse));
-                    if !reverse {
-                        order.extend(&blocks);
+                    if reverse {
+                        blocks.reverse();
                     }
+                    segments.push(blocks);
                 }
-                assert_eq!(pool.free_blocks_many(&flat, &offsets, reverse).is_ok(), model.free(&order).is_ok());
+                let got = pool.free_blocks_many(&flat, &offsets, reverse);
+                // The model frees segment by segment, all or nothing.
+                let saved = (model.counts.clone(), model.queue.clone());
+                let want = segments.iter().try_for_each(|s| model.free(s));
+                if want.is_err() {
+                    (model.counts, model.queue) = saved;
+                }
+                assert_eq!(got.is_ok(), want.is_ok());
             }
             Op::FreeBad(id) => {
                 let ids = [id];
@@ -277,23 +315,39 @@ fn run(num_blocks: u32, caching: bool, null: bool, ops: Vec<Op>) {
                 let blocks = &held[i % held.len()];
                 let to = to.min(blocks.len());
                 let from = from.min(to);
-                let hashes: Vec<Vec<u8>> = (0..blocks.len()).map(|p| hash_of(symbols[p % 8], p)).collect();
+                let hashes: Vec<Vec<u8>> = (0..blocks.len())
+                    .map(|p| hash_of(symbols[p % 8], p))
+                    .collect();
                 let flat: Vec<u8> = hashes.concat();
                 let slice = HashSlice::new(&flat, WIDTH).unwrap_or(HashSlice::empty());
                 let got = pool.cache_full_blocks(CacheBlocks::new(blocks, slice, from, to));
                 if !caching {
                     assert_eq!(got, Err(PoolError::CachingDisabled));
                 } else {
-                    assert_eq!(got.is_ok(), model.cache(blocks, &hashes, from, to).is_ok(), "{got:?}");
+                    assert_eq!(
+                        got.is_ok(),
+                        model.cache(blocks, &hashes, from, to).is_ok(),
+                        "{got:?}"
+                    );
                 }
             }
             Op::Cache(..) => {}
             Op::HitAndTouch(symbols) => {
-                let hashes: Vec<Vec<u8>> = symbols.iter().enumerate().map(|(p, &s)| hash_of(s, p)).collect();
+                let hashes: Vec<Vec<u8>> = symbols
+                    .iter()
+                    .enumerate()
+                    .map(|(p, &s)| hash_of(s, p))
+                    .collect();
                 let flat = hashes.concat();
                 let mut hits = vec![];
                 if !flat.is_empty() {
-                    pool.find_longest_cache_hit(HashSlice::new(&flat, WIDTH).unwrap(), 0, None, &mut hits).unwrap();
+                    pool.find_longest_cache_hit(
+                        HashSlice::new(&flat, WIDTH).unwrap(),
+                        0,
+                        None,
+                        &mut hits,
+                    )
+                    .unwrap();
                 }
                 let mut want = vec![];
                 for h in &hashes {

@@ -423,11 +423,11 @@ def test_lookup_width_unfixed_pool(Pool):
         ((8,), {"block_size": 16.0}, DtypeError, TypeError),
         ((8,), {"hash_width": "32"}, DtypeError, TypeError),
         ((8,), {"enable_caching": "yes"}, DtypeError, TypeError),
-        ((8,), {"null_block": None}, DtypeError, TypeError),
+        ((8,), {"null_block": 0}, DtypeError, TypeError),
         ((8,), {"enable_events": 1.0}, DtypeError, TypeError),
     ],
     ids=["zero", "negative", "2**31", "2**64", "block_size-0", "block_size-negative", "width-0", "width-33",
-         "float", "str", "none", "float-block_size", "str-width", "str-caching", "none-null", "float-events"],
+         "float", "str", "none", "float-block_size", "str-width", "str-caching", "int-null", "float-events"],
 )
 def test_constructor_errors(Pool, args, kwargs, exc, builtin):
     with pytest.raises(exc) as info:

@@ -10,7 +10,7 @@ __version__: str
 
 BlockIds = npt.NDArray[np.int32]
 IdsLike = npt.ArrayLike  # numpy integer array, list or any sequence of ints
-HashesLike = Sequence[bytes]
+HashesLike = Sequence[bytes] | npt.NDArray[np.integer[Any]]  # ints: 8-byte big-endian
 
 class KVPoolError(Exception):
     """Base class of every error kvpool raises."""
@@ -91,7 +91,7 @@ class BlockPool:
         lora_id: int | None = None,
         lora_name: str | None = None,
     ) -> None: ...
-    def get_cached_block(self, block_hash: bytes, group_id: int = 0) -> int | None: ...
+    def get_cached_block(self, block_hash: bytes | int, group_id: int = 0) -> int | None: ...
     def find_longest_cache_hit(
         self,
         block_hashes: HashesLike,

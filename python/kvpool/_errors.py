@@ -11,6 +11,8 @@ the names, the ``ImportError`` propagates rather than silently mixing two except
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 try:
     import kvpool._core as _core_module  # noqa: F401  (probe: is the extension built?)
 except ModuleNotFoundError as exc:  # only the missing extension itself, not a broken one
@@ -20,7 +22,7 @@ except ModuleNotFoundError as exc:  # only the missing extension itself, not a b
 else:
     HAVE_CORE = True
 
-if HAVE_CORE:
+if TYPE_CHECKING or HAVE_CORE:
     from kvpool._core import (
         BlockStateError,
         CachingDisabledError,

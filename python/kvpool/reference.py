@@ -74,8 +74,10 @@ def _as_optional_int(value: Any, name: str) -> int | None:
     return None if value is None else _as_int(value, name)
 
 
-def _as_bool(value: Any, name: str) -> bool:
-    """A ``bool`` or numpy bool, as ``bool``; else ``DtypeError``."""
+def _as_bool(value: Any, name: str, default: bool = False) -> bool:
+    """A ``bool`` or numpy bool, as ``bool``; ``None`` gives ``default``; else ``DtypeError``."""
+    if value is None:
+        return default
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise DtypeError(f"{name} must be a bool, not {type(value).__name__}")
@@ -261,9 +263,9 @@ class BlockPool:
         ``None`` or in ``1..=32``.
         """
         num_blocks = _as_int(num_blocks, "num_blocks")
-        enable_caching = _as_bool(enable_caching, "enable_caching")
-        null_block = _as_bool(null_block, "null_block")
-        enable_events = _as_bool(enable_events, "enable_events")
+        enable_caching = _as_bool(enable_caching, "enable_caching", True)
+        null_block = _as_bool(null_block, "null_block", True)
+        enable_events = _as_bool(enable_events, "enable_events", False)
         block_size = _as_int(block_size, "block_size")
         hash_width = _as_optional_int(hash_width, "hash_width")
         if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
@@ -343,7 +345,9 @@ class BlockPool:
         return block_id
 
     def _check_hash_widths(self, hashes: Sequence[bytes]) -> None:
-        """Each hash is 1..=32 bytes and, once the pool's width is fixed, of that width."""
+        """Each hash is 1..=32 bytes, all of one width and, once the pool's width is fixed, of that."""
+        if hashes and any(len(h) != len(hashes[0]) for h in hashes):
+            raise HashWidthError("block hashes of different widths in one call")
         for h in hashes:
             if not 1 <= len(h) <= MAX_HASH_WIDTH:
                 raise HashWidthError(f"a block hash must be 1..={MAX_HASH_WIDTH} bytes, got {len(h)}")

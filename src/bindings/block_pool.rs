@@ -11,10 +11,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::convert::{
-    bool_arg, extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg, opt_int_arg, type_name,
+    extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
+    opt_int_arg, type_name,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
+use super::hashing::hash_slice_of;
 use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
 
 /// A pool of KV-cache blocks: free queue, reference counts and prefix cache.
@@ -29,8 +31,10 @@ pub struct PyBlockPool {
 impl PyBlockPool {
     /// The core pool; a poisoned lock is taken over (the core never panics midway).
     #[inline]
-    fn pool(&self) -> MutexGuard<'_, pool::BlockPool> {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub(crate) fn pool(&self) -> MutexGuard<'_, pool::BlockPool> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -47,7 +51,7 @@ pub struct FlatHashes {
 }
 
 impl FlatHashes {
-    /// Reads a sequence of `bytes`.
+    /// Reads a `BlockHashList`, a sequence of `bytes` or a numpy integer array.
     pub fn extract(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
         let mut bytes = Vec::new();
         let width = extract_hashes(obj, &mut bytes)?;
@@ -56,11 +60,7 @@ impl FlatHashes {
 
     /// The core's view of them.
     pub fn slice(&self) -> HashSlice<'_> {
-        if self.width == 0 {
-            HashSlice::empty()
-        } else {
-            HashSlice::new(&self.bytes, self.width).unwrap_or_else(|_| HashSlice::empty())
-        }
+        hash_slice_of(&self.bytes, self.width)
     }
 }
 
@@ -78,20 +78,24 @@ impl PyBlockPool {
         hash_width: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let flag = |obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool| {
-            obj.map_or(Ok(default), |o| bool_arg(o, what))
+            opt_bool_arg(obj, what, default)
         };
         let config = PoolConfig {
             num_blocks: int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
             enable_caching: flag(enable_caching, "enable_caching", true)?,
             null_block: flag(null_block, "null_block", true)?,
             enable_events: flag(enable_events, "enable_events", false)?,
-            block_size: opt_int_arg(block_size, "block_size", 1, u32::MAX as i64)?.unwrap_or(16) as u32,
+            block_size: opt_int_arg(block_size, "block_size", 1, u32::MAX as i64)?.unwrap_or(16)
+                as u32,
             hash_width: opt_int_arg(hash_width, "hash_width", 1, pool::MAX_HASH_WIDTH as i64)?
                 .map(|w| w as usize),
         };
         let num_blocks = config.num_blocks;
         let inner = pool::BlockPool::new(config).py_err(py)?;
-        Ok(Self { inner: Mutex::new(inner), num_blocks })
+        Ok(Self {
+            inner: Mutex::new(inner),
+            num_blocks,
+        })
     }
 
     /// Number of blocks (ids ``0..num_blocks``).
@@ -159,13 +163,19 @@ impl PyBlockPool {
         let mut wanted = Vec::with_capacity(raw.len());
         for c in raw {
             if c < 0 {
-                return Err(error(py, ErrorKind::InvalidArgument, format!("counts must be >= 0, got {c}")));
+                return Err(error(
+                    py,
+                    ErrorKind::InvalidArgument,
+                    format!("counts must be >= 0, got {c}"),
+                ));
             }
             wanted.push(c as usize);
         }
         let mut out = Vec::new();
         let mut offsets = Vec::new();
-        self.pool().get_new_blocks_many(&wanted, &mut out, &mut offsets).py_err(py)?;
+        self.pool()
+            .get_new_blocks_many(&wanted, &mut out, &mut offsets)
+            .py_err(py)?;
         let offsets = PyArray1::from_iter(py, offsets.into_iter().map(|o| o as i64));
         Ok((ids_to_numpy(py, &out), offsets))
     }
@@ -184,14 +194,15 @@ impl PyBlockPool {
     /// ``blocks`` is a sequence of id arrays, or one flat id array cut by ``offsets``
     /// (as returned by ``get_new_blocks_many``). Each segment is freed in turn, reversed
     /// first when ``reverse`` is true.
-    #[pyo3(signature = (blocks, offsets=None, *, reverse=false))]
+    #[pyo3(signature = (blocks, offsets=None, *, reverse=None))]
     fn free_blocks_many(
         &self,
         py: Python<'_>,
         blocks: &Bound<'_, PyAny>,
         offsets: Option<&Bound<'_, PyAny>>,
-        reverse: bool,
+        reverse: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let reverse = opt_bool_arg(reverse, "reverse", false)?;
         let mut flat = Vec::new();
         let mut cuts = vec![0usize];
         match offsets {
@@ -199,11 +210,21 @@ impl PyBlockPool {
                 extract_block_ids(blocks, self.num_blocks, &mut flat)?;
                 let mut raw = Vec::new();
                 extract_i64s(offsets, "offsets", &mut raw)?;
-                cuts = raw.into_iter().map(|o| usize::try_from(o).unwrap_or(usize::MAX)).collect();
+                cuts = raw
+                    .into_iter()
+                    .map(|o| usize::try_from(o).unwrap_or(usize::MAX))
+                    .collect();
             }
             _ => {
                 let iter = blocks.try_iter().map_err(|_| {
-                    error(py, ErrorKind::Dtype, format!("blocks must be a sequence of id arrays, got {}", type_name(blocks)))
+                    error(
+                        py,
+                        ErrorKind::Dtype,
+                        format!(
+                            "blocks must be a sequence of id arrays, got {}",
+                            type_name(blocks)
+                        ),
+                    )
                 })?;
                 for segment in iter {
                     extract_block_ids(&segment?, self.num_blocks, &mut flat)?;
@@ -211,7 +232,9 @@ impl PyBlockPool {
                 }
             }
         }
-        self.pool().free_blocks_many(&flat, &cuts, reverse).py_err(py)
+        self.pool()
+            .free_blocks_many(&flat, &cuts, reverse)
+            .py_err(py)
     }
 
     /// Take a reference to each block (reusing prefix-cache hits): free ones leave the
@@ -224,7 +247,8 @@ impl PyBlockPool {
     /// Enter a request's newly full blocks into the prefix cache.
     ///
     /// ``block_ids`` and ``block_hashes`` are the request's blocks and hashes from its
-    /// first block; blocks ``num_cached_blocks..num_full_blocks`` get their hashes.
+    /// first block (``bytes`` of one width, or a numpy integer array of hash ids, each
+    /// standing for its 8-byte big-endian form); blocks ``num_cached_blocks..num_full_blocks`` get their hashes.
     /// ``token_ids`` (the request's tokens), ``lora_id`` and ``lora_name`` only feed the
     /// ``BlockStored`` event.
     #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, *, group_id=None, token_ids=None, lora_id=None, lora_name=None))]
@@ -239,16 +263,37 @@ impl PyBlockPool {
         group_id: Option<&Bound<'_, PyAny>>,
         token_ids: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
-        lora_name: Option<String>,
+        lora_name: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let lora_name = match lora_name.filter(|n| !n.is_none()) {
+            None => None,
+            Some(n) => Some(
+                n.cast::<pyo3::types::PyString>()
+                    .map_err(|_| {
+                        error(
+                            py,
+                            ErrorKind::Dtype,
+                            format!("lora_name must be a str, got {}", type_name(n)),
+                        )
+                    })?
+                    .to_str()?
+                    .to_owned(),
+            ),
+        };
         if !self.pool().config().enable_caching {
-            return Err(error(py, ErrorKind::CachingDisabled, pool::PoolError::CachingDisabled.to_string()));
+            return Err(error(
+                py,
+                ErrorKind::CachingDisabled,
+                pool::PoolError::CachingDisabled.to_string(),
+            ));
         }
         let num_cached = int_arg(num_cached_blocks, "num_cached_blocks", 0, i64::MAX)? as usize;
         let num_full = int_arg(num_full_blocks, "num_full_blocks", 0, i64::MAX)? as usize;
         let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
         let lora_id = opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?;
-        let ids = self.ids(block_ids)?;
+        // Range-checked by the core, after the count arguments (the documented order).
+        let mut ids = Vec::new();
+        extract_block_ids(block_ids, u32::MAX, &mut ids)?;
         let hashes = FlatHashes::extract(block_hashes)?;
         let tokens = match token_ids {
             Some(t) if !t.is_none() => {
@@ -272,6 +317,8 @@ impl PyBlockPool {
     }
 
     /// The block cached under ``block_hash`` in ``group_id`` (the first one inserted), or None.
+    ///
+    /// An int hash stands for its 8-byte big-endian form.
     #[pyo3(signature = (block_hash, group_id=None))]
     fn get_cached_block(
         &self,
@@ -279,11 +326,27 @@ impl PyBlockPool {
         block_hash: &Bound<'_, PyAny>,
         group_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<u32>> {
-        let hash = block_hash.cast::<PyBytes>().map_err(|_| {
-            error(py, ErrorKind::Dtype, format!("block_hash must be bytes, got {}", type_name(block_hash)))
-        })?;
         let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
-        self.pool().get_cached_block(hash.as_bytes(), group).py_err(py)
+        if let Ok(hash) = block_hash.cast::<PyBytes>() {
+            return self
+                .pool()
+                .get_cached_block(hash.as_bytes(), group)
+                .py_err(py);
+        }
+        match block_hash.extract::<u64>() {
+            Ok(id) if !block_hash.is_instance_of::<pyo3::types::PyBool>() => self
+                .pool()
+                .get_cached_block(&id.to_be_bytes(), group)
+                .py_err(py),
+            _ => Err(error(
+                py,
+                ErrorKind::Dtype,
+                format!(
+                    "block_hash must be bytes or a non-negative int, got {}",
+                    type_name(block_hash)
+                ),
+            )),
+        }
     }
 
     /// The cached blocks of the longest cached prefix of ``block_hashes`` (at most
@@ -300,7 +363,9 @@ impl PyBlockPool {
         let max_blocks = opt_int_arg(max_blocks, "max_blocks", 0, i64::MAX)?.map(|m| m as usize);
         let hashes = FlatHashes::extract(block_hashes)?;
         let mut out = Vec::new();
-        self.pool().find_longest_cache_hit(hashes.slice(), group, max_blocks, &mut out).py_err(py)?;
+        self.pool()
+            .find_longest_cache_hit(hashes.slice(), group, max_blocks, &mut out)
+            .py_err(py)?;
         Ok(ids_to_numpy(py, &out))
     }
 
@@ -351,7 +416,11 @@ impl PyBlockPool {
 
     /// Every block's reference count, in id order.
     fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let counts: Vec<i32> = self.pool().ref_counts().map(|c| c.min(i32::MAX as u32) as i32).collect();
+        let counts: Vec<i32> = self
+            .pool()
+            .ref_counts()
+            .map(|c| c.min(i32::MAX as u32) as i32)
+            .collect();
         PyArray1::from_vec(py, counts)
     }
 
@@ -363,8 +432,16 @@ impl PyBlockPool {
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let id = self.one_id(block_id)?;
         let key = self.pool().block_hash(id).py_err(py)?;
-        key.map(|k| PyTuple::new(py, [PyBytes::new(py, k.hash.as_bytes()).into_any(), k.group.into_pyobject(py)?.into_any()]))
-            .transpose()
+        key.map(|k| {
+            PyTuple::new(
+                py,
+                [
+                    PyBytes::new(py, k.hash.as_bytes()).into_any(),
+                    k.group.into_pyobject(py)?.into_any(),
+                ],
+            )
+        })
+        .transpose()
     }
 
     /// Walk the whole structure; raise ``InvariantError`` listing every broken invariant.
@@ -381,7 +458,11 @@ impl PyBlockPool {
             pool.num_blocks(),
             pool.num_free_blocks(),
             pool.num_cached_blocks(),
-            if pool.config().enable_caching { "True" } else { "False" }
+            if pool.config().enable_caching {
+                "True"
+            } else {
+                "False"
+            }
         )
     }
 }
@@ -393,7 +474,10 @@ impl PyBlockPool {
             return Err(error(
                 obj.py(),
                 ErrorKind::InvalidBlockId,
-                format!("block id {id} is out of range for a pool of {} blocks", self.num_blocks),
+                format!(
+                    "block id {id} is out of range for a pool of {} blocks",
+                    self.num_blocks
+                ),
             ));
         }
         Ok(id as u32)

@@ -3,7 +3,10 @@
 //! of `bytes`), and validated scalar arguments. Bad input becomes a `KVPoolError`
 //! subclass, never a bare `TypeError` from deep inside PyO3.
 
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray,
+    PyUntypedArrayMethods,
+};
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyList, PyString, PyTuple};
@@ -16,18 +19,34 @@ pub fn int_arg(obj: &Bound<'_, PyAny>, what: &str, min: i64, max: i64) -> PyResu
     let py = obj.py();
     match obj.extract::<i64>() {
         Ok(v) if (min..=max).contains(&v) => Ok(v),
-        Ok(v) => Err(error(py, ErrorKind::InvalidArgument, format!("{what} must be in {min}..={max}, got {v}"))),
+        Ok(v) => Err(error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!("{what} must be in {min}..={max}, got {v}"),
+        )),
         Err(e) if e.is_instance_of::<PyOverflowError>(py) => Err(error(
             py,
             ErrorKind::InvalidArgument,
-            format!("{what} must be in {min}..={max}, got {}", obj.str().map(|s| s.to_string()).unwrap_or_default()),
+            format!(
+                "{what} must be in {min}..={max}, got {}",
+                obj.str().map(|s| s.to_string()).unwrap_or_default()
+            ),
         )),
-        Err(_) => Err(error(py, ErrorKind::Dtype, format!("{what} must be an int, got {}", type_name(obj)))),
+        Err(_) => Err(error(
+            py,
+            ErrorKind::Dtype,
+            format!("{what} must be an int, got {}", type_name(obj)),
+        )),
     }
 }
 
 /// Like [`int_arg`] but `None` is allowed.
-pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, min: i64, max: i64) -> PyResult<Option<i64>> {
+pub fn opt_int_arg(
+    obj: Option<&Bound<'_, PyAny>>,
+    what: &str,
+    min: i64,
+    max: i64,
+) -> PyResult<Option<i64>> {
     match obj {
         None => Ok(None),
         Some(o) if o.is_none() => Ok(None),
@@ -37,14 +56,20 @@ pub fn opt_int_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, min: i64, max: i6
 
 /// `obj`'s type name, for messages.
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn dtype_error(obj: &Bound<'_, PyAny>, what: &str) -> PyErr {
     error(
         obj.py(),
         ErrorKind::Dtype,
-        format!("{what} must be a 1-D numpy integer array or a sequence of ints, got {}", type_name(obj)),
+        format!(
+            "{what} must be a 1-D numpy integer array or a sequence of ints, got {}",
+            type_name(obj)
+        ),
     )
 }
 
@@ -75,17 +100,25 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
         // Other integer widths: let numpy widen them, then check the unsigned ones fit.
         if kind == b'u' {
             let wide = arr.call_method1("astype", ("uint64",))?;
-            let wide = wide.cast::<PyArray1<u64>>().map_err(|_| dtype_error(obj, what))?;
+            let wide = wide
+                .cast::<PyArray1<u64>>()
+                .map_err(|_| dtype_error(obj, what))?;
             let ro = wide.try_readonly().map_err(|_| dtype_error(obj, what))?;
             for &v in ro.as_array().iter() {
                 let v = i64::try_from(v).map_err(|_| {
-                    error(obj.py(), ErrorKind::InvalidArgument, format!("{what} holds integers beyond int64"))
+                    error(
+                        obj.py(),
+                        ErrorKind::InvalidArgument,
+                        format!("{what} holds integers beyond int64"),
+                    )
                 })?;
                 out.push(v);
             }
             return Ok(());
         }
-        let as_i64 = arr.call_method1("astype", ("int64",)).map_err(|_| dtype_error(obj, what))?;
+        let as_i64 = arr
+            .call_method1("astype", ("int64",))
+            .map_err(|_| dtype_error(obj, what))?;
         return extract_i64s(&as_i64, what, out);
     }
     if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
@@ -133,7 +166,11 @@ fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -
 
 /// Block ids from `obj`, appended to `out`; a negative or too large id is an
 /// `InvalidBlockIdError` (the pool checks the upper bound of its own range).
-pub fn extract_block_ids(obj: &Bound<'_, PyAny>, num_blocks: u32, out: &mut Vec<u32>) -> PyResult<()> {
+pub fn extract_block_ids(
+    obj: &Bound<'_, PyAny>,
+    num_blocks: u32,
+    out: &mut Vec<u32>,
+) -> PyResult<()> {
     // Fast path: the int32 arrays kvpool itself hands out.
     if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
         if let Ok(ro) = arr.try_readonly() {
@@ -174,14 +211,19 @@ pub fn ids_to_numpy<'py>(py: Python<'py>, ids: &[u32]) -> Bound<'py, PyArray1<i3
     PyArray1::from_iter(py, ids.iter().map(|&id| id as i32))
 }
 
-/// Hashes from a sequence of `bytes` of one width, copied back to back into `flat`;
-/// returns the width (0 for an empty sequence).
+/// Hashes from a `BlockHashList`, a sequence of `bytes` of one width, or a numpy
+/// integer array (each id standing for its 8-byte big-endian form), copied back to
+/// back into `flat`; returns the width (0 when there are none).
 pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<usize> {
     let py = obj.py();
     let mut width = 0usize;
     let mut push = |item: &Bound<'_, PyAny>| -> PyResult<()> {
         let bytes = item.cast::<PyBytes>().map_err(|_| {
-            error(py, ErrorKind::Dtype, format!("block hashes must be bytes, got {}", type_name(item)))
+            error(
+                py,
+                ErrorKind::Dtype,
+                format!("block hashes must be bytes, got {}", type_name(item)),
+            )
         })?;
         let b = bytes.as_bytes();
         if width == 0 {
@@ -189,7 +231,10 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
                 return Err(error(
                     py,
                     ErrorKind::HashWidth,
-                    format!("block hash is {} bytes wide; a hash must have 1 to 32 bytes", b.len()),
+                    format!(
+                        "block hash is {} bytes wide; a hash must have 1 to 32 bytes",
+                        b.len()
+                    ),
                 ));
             }
             width = b.len();
@@ -197,12 +242,31 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
             return Err(error(
                 py,
                 ErrorKind::HashWidth,
-                format!("block hashes of different widths in one call: {} and {width} bytes", b.len()),
+                format!(
+                    "block hashes of different widths in one call: {} and {width} bytes",
+                    b.len()
+                ),
             ));
         }
         flat.extend_from_slice(b);
         Ok(())
     };
+    if let Ok(list) = obj.cast::<super::hashing::PyBlockHashList>() {
+        let list = list.get();
+        list.copy_into(flat);
+        return Ok(if flat.is_empty() { 0 } else { list.width() });
+    }
+    if obj.is_instance_of::<PyUntypedArray>() {
+        // Integer hash ids (e.g. a trace's hash_ids): each is the 8-byte big-endian
+        // hash whose int form vLLM's event wire format would carry.
+        let mut ids = Vec::new();
+        extract_u64s(obj, "block hashes", &mut ids)?;
+        flat.reserve(ids.len() * 8);
+        for id in ids {
+            flat.extend_from_slice(&id.to_be_bytes());
+        }
+        return Ok(if flat.is_empty() { 0 } else { 8 });
+    }
     if let Ok(list) = obj.cast::<PyList>() {
         for item in list.iter() {
             push(&item)?;
@@ -212,10 +276,21 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
             push(&item)?;
         }
     } else if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyString>() {
-        return Err(error(py, ErrorKind::Dtype, "block hashes must be a sequence of bytes, not a single bytes or str"));
+        return Err(error(
+            py,
+            ErrorKind::Dtype,
+            "block hashes must be a sequence of bytes, not a single bytes or str",
+        ));
     } else {
         let iter = obj.try_iter().map_err(|_| {
-            error(py, ErrorKind::Dtype, format!("block hashes must be a sequence of bytes, got {}", type_name(obj)))
+            error(
+                py,
+                ErrorKind::Dtype,
+                format!(
+                    "block hashes must be a sequence of bytes, got {}",
+                    type_name(obj)
+                ),
+            )
         })?;
         for item in iter {
             push(&item?)?;
@@ -224,9 +299,48 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
     Ok(width)
 }
 
-/// A bool argument; anything but a `bool` is a `DtypeError`.
+/// A bool argument: a `bool` or `numpy.bool_`; anything else is a `DtypeError`.
 pub fn bool_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
-    obj.cast::<PyBool>()
-        .map(|b| b.is_true())
-        .map_err(|_| error(obj.py(), ErrorKind::Dtype, format!("{what} must be a bool, got {}", type_name(obj))))
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(b.is_true());
+    }
+    if type_name(obj) == "bool" || type_name(obj) == "bool_" {
+        return obj.is_truthy();
+    }
+    Err(error(
+        obj.py(),
+        ErrorKind::Dtype,
+        format!("{what} must be a bool, got {}", type_name(obj)),
+    ))
+}
+
+/// Unsigned 64-bit ints from a 1-D numpy integer array (signed ones must be >= 0).
+pub fn extract_u64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<u64>) -> PyResult<()> {
+    if let Ok(arr) = obj.cast::<PyArray1<u64>>() {
+        let ro = arr.try_readonly().map_err(|_| dtype_error(obj, what))?;
+        out.extend(ro.as_array().iter().copied());
+        return Ok(());
+    }
+    let mut wide = Vec::new();
+    extract_i64s(obj, what, &mut wide)?;
+    out.reserve(wide.len());
+    for v in wide {
+        let v = u64::try_from(v).map_err(|_| {
+            error(
+                obj.py(),
+                ErrorKind::InvalidArgument,
+                format!("{what} as integers must be >= 0, got {v}"),
+            )
+        })?;
+        out.push(v);
+    }
+    Ok(())
+}
+
+/// An optional bool argument: `None` (or absent) gives `default`.
+pub fn opt_bool_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool) -> PyResult<bool> {
+    match obj {
+        Some(o) if !o.is_none() => bool_arg(o, what),
+        _ => Ok(default),
+    }
 }

@@ -40,8 +40,16 @@ enum Builtin {
 }
 
 const CLASSES: [(&str, Builtin, &str); 12] = [
-    ("KVPoolError", Builtin::None, "Base class of every error kvpool raises."),
-    ("NoFreeBlocksError", Builtin::Value, "Fewer free blocks than requested; nothing was allocated."),
+    (
+        "KVPoolError",
+        Builtin::None,
+        "Base class of every error kvpool raises.",
+    ),
+    (
+        "NoFreeBlocksError",
+        Builtin::Value,
+        "Fewer free blocks than requested; nothing was allocated.",
+    ),
     (
         "InvalidBlockIdError",
         Builtin::Value,
@@ -82,8 +90,16 @@ const CLASSES: [(&str, Builtin, &str); 12] = [
         Builtin::Assertion,
         "check_invariants found the pool's structure inconsistent (a bug in kvpool).",
     ),
-    ("UnknownRequestError", Builtin::Key, "A request id that the manager does not track."),
-    ("DuplicateRequestError", Builtin::Value, "A request id that the manager already tracks."),
+    (
+        "UnknownRequestError",
+        Builtin::Key,
+        "A request id that the manager does not track.",
+    ),
+    (
+        "DuplicateRequestError",
+        Builtin::Value,
+        "A request id that the manager already tracks.",
+    ),
 ];
 
 static TYPES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();

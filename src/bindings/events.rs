@@ -25,7 +25,10 @@ pub fn events_to_py<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bo
                 lora_name,
                 group_idx,
             } => {
-                let hashes = PyList::new(py, block_hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())))?;
+                let hashes = PyList::new(
+                    py,
+                    block_hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())),
+                )?;
                 let parent = parent_block_hash.map(|h| PyBytes::new(py, h.as_bytes()));
                 module.getattr("BlockStored")?.call1((
                     hashes,
@@ -38,9 +41,14 @@ pub fn events_to_py<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bo
                     group_idx,
                 ))?
             }
-            PoolEvent::BlockRemoved { block_hash, group_idx } => {
+            PoolEvent::BlockRemoved {
+                block_hash,
+                group_idx,
+            } => {
                 let hashes = PyList::new(py, [PyBytes::new(py, block_hash.as_bytes())])?;
-                module.getattr("BlockRemoved")?.call1((hashes, "GPU", group_idx))?
+                module
+                    .getattr("BlockRemoved")?
+                    .call1((hashes, "GPU", group_idx))?
             }
             PoolEvent::AllBlocksCleared => module.getattr("AllBlocksCleared")?.call0()?,
         };

@@ -114,6 +114,10 @@ pub struct BlockPool {
     to_head: Vec<u32>,
     /// ... and cached ones (to the tail).
     to_tail: Vec<u32>,
+    /// For `free_blocks_many`: where each segment ends in the id sequence ...
+    segment_ends: Vec<usize>,
+    /// ... and the lengths of `to_head` / `to_tail` at that point.
+    segment_marks: Vec<(usize, usize)>,
 }
 
 impl BlockPool {
@@ -126,7 +130,9 @@ impl BlockPool {
             )));
         }
         if config.block_size == 0 {
-            return Err(PoolError::InvalidArgument("block_size must be at least 1".into()));
+            return Err(PoolError::InvalidArgument(
+                "block_size must be at least 1".into(),
+            ));
         }
         if let Some(w) = config.hash_width {
             if w == 0 || w > MAX_HASH_WIDTH {
@@ -149,6 +155,8 @@ impl BlockPool {
             events: Vec::new(),
             to_head: Vec::new(),
             to_tail: Vec::new(),
+            segment_ends: Vec::new(),
+            segment_marks: Vec::new(),
         })
     }
 
@@ -182,17 +190,24 @@ impl BlockPool {
     pub fn check_ids(&self, ids: &[u32]) -> PoolResult<()> {
         let n = self.config.num_blocks;
         match ids.iter().find(|&&id| id >= n) {
-            Some(&id) => Err(PoolError::InvalidBlockId { block_id: id as i64, num_blocks: n }),
+            Some(&id) => Err(PoolError::InvalidBlockId {
+                block_id: id as i64,
+                num_blocks: n,
+            }),
             None => Ok(()),
         }
     }
 
     fn check_hash_width(&self, width: usize) -> PoolResult<()> {
         match self.hash_width {
-            Some(w) if w != width => Err(PoolError::HashWidth { got: width, expected: Some(w) }),
-            _ if width == 0 || width > MAX_HASH_WIDTH => {
-                Err(PoolError::HashWidth { got: width, expected: None })
-            }
+            Some(w) if w != width => Err(PoolError::HashWidth {
+                got: width,
+                expected: Some(w),
+            }),
+            _ if width == 0 || width > MAX_HASH_WIDTH => Err(PoolError::HashWidth {
+                got: width,
+                expected: None,
+            }),
             _ => Ok(()),
         }
     }
@@ -203,7 +218,10 @@ impl BlockPool {
     /// cached hash they still hold; each gets reference count 1.
     pub fn get_new_blocks(&mut self, n: usize, out: &mut Vec<u32>) -> PoolResult<()> {
         if n > self.queue.len() {
-            return Err(PoolError::NoFreeBlocks { requested: n, free: self.queue.len() });
+            return Err(PoolError::NoFreeBlocks {
+                requested: n,
+                free: self.queue.len(),
+            });
         }
         let start = out.len();
         self.queue.pop_front_n(&mut self.slab, n, out);
@@ -215,8 +233,10 @@ impl BlockPool {
                 meta.key_slot = NIL;
                 let key = self.map.remove(slot);
                 if self.config.enable_events {
-                    self.events
-                        .push(PoolEvent::BlockRemoved { block_hash: key.hash, group_idx: key.group });
+                    self.events.push(PoolEvent::BlockRemoved {
+                        block_hash: key.hash,
+                        group_idx: key.group,
+                    });
                 }
             }
         }
@@ -235,7 +255,10 @@ impl BlockPool {
         let total = counts.iter().try_fold(0usize, |acc, &c| acc.checked_add(c));
         let total = total.unwrap_or(usize::MAX);
         if total > self.queue.len() {
-            return Err(PoolError::NoFreeBlocks { requested: total, free: self.queue.len() });
+            return Err(PoolError::NoFreeBlocks {
+                requested: total,
+                free: self.queue.len(),
+            });
         }
         out.reserve(total);
         offsets.reserve(counts.len() + 1);
@@ -255,6 +278,7 @@ impl BlockPool {
     /// last), each group in the order given. The null block is skipped.
     pub fn free_blocks(&mut self, ids: &[u32]) -> PoolResult<()> {
         self.check_ids(ids)?;
+        self.segment_ends.clear();
         self.release(ids.iter().copied())?;
         self.enqueue_released();
         Ok(())
@@ -271,6 +295,8 @@ impl BlockPool {
     ) -> PoolResult<()> {
         check_offsets(offsets, flat.len())?;
         self.check_ids(flat)?;
+        self.segment_ends.clear();
+        self.segment_ends.extend(offsets[1..].iter().copied());
         let segments = offsets.windows(2).map(|w| &flat[w[0]..w[1]]);
         if reverse {
             self.release(segments.flat_map(|s| s.iter().rev().copied()))?;
@@ -282,12 +308,21 @@ impl BlockPool {
     }
 
     /// Decrements counts in order, collecting blocks that reach 0 into `to_head` /
-    /// `to_tail`. On a double free, restores every count it changed.
+    /// `to_tail`, and, when `segment_ends` (positions in the id sequence) is set, the
+    /// lengths of both lists at each segment's end into `segment_marks`. On a double
+    /// free, restores every count it changed.
     fn release(&mut self, ids: impl Iterator<Item = u32> + Clone) -> PoolResult<()> {
         self.to_head.clear();
         self.to_tail.clear();
+        self.segment_marks.clear();
         let caching = self.config.enable_caching;
+        let mut next_end = 0;
         for (done, id) in ids.clone().enumerate() {
+            while self.segment_ends.get(next_end) == Some(&done) {
+                self.segment_marks
+                    .push((self.to_head.len(), self.to_tail.len()));
+                next_end += 1;
+            }
             if self.is_null(id) {
                 continue;
             }
@@ -311,12 +346,30 @@ impl BlockPool {
                 }
             }
         }
+        while next_end < self.segment_ends.len() {
+            self.segment_marks
+                .push((self.to_head.len(), self.to_tail.len()));
+            next_end += 1;
+        }
         Ok(())
     }
 
+    /// Queues what `release` collected: per segment (or all at once), uncached
+    /// blocks to the head, cached ones to the tail, as `free_blocks` would.
     fn enqueue_released(&mut self) {
-        self.queue.push_front_n(&mut self.slab, &self.to_head);
-        self.queue.push_back_n(&mut self.slab, &self.to_tail);
+        if self.segment_marks.is_empty() {
+            self.queue.push_front_n(&mut self.slab, &self.to_head);
+            self.queue.push_back_n(&mut self.slab, &self.to_tail);
+            return;
+        }
+        let (mut head_start, mut tail_start) = (0, 0);
+        for &(head_end, tail_end) in &self.segment_marks {
+            self.queue
+                .push_front_n(&mut self.slab, &self.to_head[head_start..head_end]);
+            self.queue
+                .push_back_n(&mut self.slab, &self.to_tail[tail_start..tail_end]);
+            (head_start, tail_start) = (head_end, tail_end);
+        }
     }
 
     /// Takes a reference to each block (a prefix-cache hit reused by a request):
@@ -344,7 +397,13 @@ impl BlockPool {
         if !self.config.enable_caching {
             return Err(PoolError::CachingDisabled);
         }
-        let CacheBlocks { block_ids, block_hashes, num_cached_blocks, num_full_blocks, .. } = call;
+        let CacheBlocks {
+            block_ids,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            ..
+        } = call;
         if num_cached_blocks > num_full_blocks {
             return Err(PoolError::InvalidArgument(format!(
                 "num_cached_blocks ({num_cached_blocks}) exceeds num_full_blocks ({num_full_blocks})"
@@ -388,7 +447,10 @@ impl BlockPool {
             };
             if let Some(reason) = problem {
                 self.uncache(&new_blocks[..i]);
-                return Err(PoolError::BlockState { block_id: id, reason });
+                return Err(PoolError::BlockState {
+                    block_id: id,
+                    reason,
+                });
             }
             let hash = block_hashes.block_hash(num_cached_blocks + i);
             let slot = self.map.insert(BlockHashKey::new(hash, call.group), id);
@@ -460,7 +522,10 @@ impl BlockPool {
         let limit = max_blocks.map_or(hashes.len(), |m| m.min(hashes.len()));
         let start = out.len();
         for i in 0..limit {
-            match self.map.get(&BlockHashKey::new(hashes.block_hash(i), group)) {
+            match self
+                .map
+                .get(&BlockHashKey::new(hashes.block_hash(i), group))
+            {
                 Some(id) => out.push(id),
                 None => break,
             }
@@ -476,8 +541,10 @@ impl BlockPool {
             if slot != NIL {
                 let key = self.map.remove(slot);
                 if self.config.enable_events {
-                    self.events
-                        .push(PoolEvent::BlockRemoved { block_hash: key.hash, group_idx: key.group });
+                    self.events.push(PoolEvent::BlockRemoved {
+                        block_hash: key.hash,
+                        group_idx: key.group,
+                    });
                 }
             }
         }
@@ -578,7 +645,10 @@ impl BlockPool {
             in_queue[id as usize] = true;
             let meta = self.slab.get(id);
             if meta.prev != prev {
-                problems.push(format!("free queue: block {id} links back to {} not {prev}", meta.prev));
+                problems.push(format!(
+                    "free queue: block {id} links back to {} not {prev}",
+                    meta.prev
+                ));
             }
             if self.is_null(id) {
                 problems.push("free queue: holds the null block".into());
@@ -586,10 +656,16 @@ impl BlockPool {
             prev = id;
         }
         if walked != self.queue.len() {
-            problems.push(format!("free queue: walked {walked} blocks, length says {}", self.queue.len()));
+            problems.push(format!(
+                "free queue: walked {walked} blocks, length says {}",
+                self.queue.len()
+            ));
         }
         if self.queue.tail() != prev {
-            problems.push(format!("free queue: tail is {} but the walk ended at {prev}", self.queue.tail()));
+            problems.push(format!(
+                "free queue: tail is {} but the walk ended at {prev}",
+                self.queue.tail()
+            ));
         }
         for (id, meta) in self.slab.iter().enumerate() {
             let id = id as u32;
@@ -603,7 +679,11 @@ impl BlockPool {
                 problems.push(format!(
                     "block {id}: count {} but {} the free queue",
                     meta.ref_cnt,
-                    if in_queue[id as usize] { "in" } else { "not in" }
+                    if in_queue[id as usize] {
+                        "in"
+                    } else {
+                        "not in"
+                    }
                 ));
             }
             if meta.is_cached() && self.map.block_at(meta.key_slot) != id {
@@ -615,12 +695,17 @@ impl BlockPool {
         }
         let cached = self.slab.iter().filter(|m| m.is_cached()).count();
         if cached != self.map.len() {
-            problems.push(format!("prefix map: {} entries but {cached} cached blocks", self.map.len()));
+            problems.push(format!(
+                "prefix map: {} entries but {cached} cached blocks",
+                self.map.len()
+            ));
         }
         let slab = &self.slab;
         self.map.check(
             |block| {
-                (block < n).then(|| slab.get(block).key_slot).filter(|&s| s != NIL)
+                (block < n)
+                    .then(|| slab.get(block).key_slot)
+                    .filter(|&s| s != NIL)
             },
             &mut problems,
         );

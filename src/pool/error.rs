@@ -57,28 +57,49 @@ impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NoFreeBlocks { requested, free } => {
-                write!(f, "cannot get {requested} free blocks from the pool: only {free} are free")
+                write!(
+                    f,
+                    "cannot get {requested} free blocks from the pool: only {free} are free"
+                )
             }
-            Self::InvalidBlockId { block_id, num_blocks } => {
-                write!(f, "block id {block_id} is out of range for a pool of {num_blocks} blocks")
+            Self::InvalidBlockId {
+                block_id,
+                num_blocks,
+            } => {
+                write!(
+                    f,
+                    "block id {block_id} is out of range for a pool of {num_blocks} blocks"
+                )
             }
             Self::DoubleFree { block_id } => {
-                write!(f, "block {block_id} is freed while its reference count is already 0")
+                write!(
+                    f,
+                    "block {block_id} is freed while its reference count is already 0"
+                )
             }
             Self::BlockState { block_id, reason } => write!(f, "block {block_id} {reason}"),
-            Self::HashWidth { got, expected: Some(expected) } => write!(
+            Self::HashWidth {
+                got,
+                expected: Some(expected),
+            } => write!(
                 f,
                 "block hash is {got} bytes wide but this pool's hashes are {expected} bytes"
             ),
-            Self::HashWidth { got, expected: None } => {
-                write!(f, "block hash is {got} bytes wide; a hash must have 1 to 32 bytes")
+            Self::HashWidth {
+                got,
+                expected: None,
+            } => {
+                write!(
+                    f,
+                    "block hash is {got} bytes wide; a hash must have 1 to 32 bytes"
+                )
             }
             Self::InvalidArgument(message) => f.write_str(message),
             Self::CachingDisabled => {
                 f.write_str("prefix caching is disabled for this pool (enable_caching=False)")
             }
-            Self::UnknownRequest(id) => write!(f, "unknown request id {id:?}"),
-            Self::DuplicateRequest(id) => write!(f, "request id {id:?} is already tracked"),
+            Self::UnknownRequest(id) => write!(f, "unknown request id {id}"),
+            Self::DuplicateRequest(id) => write!(f, "request id {id} is already tracked"),
         }
     }
 }

@@ -17,7 +17,11 @@ pub struct FreeQueue {
 impl FreeQueue {
     /// An empty queue.
     pub fn new() -> Self {
-        Self { head: NIL, tail: NIL, len: 0 }
+        Self {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
     }
 
     /// Number of free blocks.
@@ -132,7 +136,11 @@ impl FreeQueue {
 
     /// The queued ids from head to tail.
     pub fn iter<'a>(&self, slab: &'a Slab) -> FreeQueueIter<'a> {
-        FreeQueueIter { slab, next: self.head, remaining: self.len as usize }
+        FreeQueueIter {
+            slab,
+            next: self.head,
+            remaining: self.len as usize,
+        }
     }
 }
 

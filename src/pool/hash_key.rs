@@ -22,11 +22,17 @@ impl BlockHash {
     /// Copies `hash`; fails unless it has 1 to 32 bytes.
     pub fn new(hash: &[u8]) -> PoolResult<Self> {
         if hash.is_empty() || hash.len() > MAX_HASH_WIDTH {
-            return Err(PoolError::HashWidth { got: hash.len(), expected: None });
+            return Err(PoolError::HashWidth {
+                got: hash.len(),
+                expected: None,
+            });
         }
         let mut bytes = [0u8; MAX_HASH_WIDTH];
         bytes[..hash.len()].copy_from_slice(hash);
-        Ok(Self { bytes, len: hash.len() as u8 })
+        Ok(Self {
+            bytes,
+            len: hash.len() as u8,
+        })
     }
 
     /// The hash bytes.
@@ -94,7 +100,10 @@ impl<'a> HashSlice<'a> {
     /// Views `bytes` as `bytes.len() / width` hashes of `width` bytes.
     pub fn new(bytes: &'a [u8], width: usize) -> PoolResult<Self> {
         if width == 0 || width > MAX_HASH_WIDTH {
-            return Err(PoolError::HashWidth { got: width, expected: None });
+            return Err(PoolError::HashWidth {
+                got: width,
+                expected: None,
+            });
         }
         if bytes.len() % width != 0 {
             return Err(PoolError::InvalidArgument(format!(
@@ -107,7 +116,10 @@ impl<'a> HashSlice<'a> {
 
     /// No hashes (of width 32, which no check will ever look at).
     pub fn empty() -> Self {
-        Self { bytes: &[], width: MAX_HASH_WIDTH }
+        Self {
+            bytes: &[],
+            width: MAX_HASH_WIDTH,
+        }
     }
 
     /// The number of hashes.
@@ -134,12 +146,18 @@ impl<'a> HashSlice<'a> {
     pub fn block_hash(&self, i: usize) -> BlockHash {
         let mut bytes = [0u8; MAX_HASH_WIDTH];
         bytes[..self.width].copy_from_slice(self.get(i));
-        BlockHash { bytes, len: self.width as u8 }
+        BlockHash {
+            bytes,
+            len: self.width as u8,
+        }
     }
 
     /// The first `n` hashes.
     pub fn prefix(&self, n: usize) -> Self {
-        Self { bytes: &self.bytes[..n.min(self.len()) * self.width], width: self.width }
+        Self {
+            bytes: &self.bytes[..n.min(self.len()) * self.width],
+            width: self.width,
+        }
     }
 }
 

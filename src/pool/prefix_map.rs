@@ -77,7 +77,11 @@ impl PrefixMap {
     /// Caches `block` under `key`, after any blocks already there, and returns the
     /// entry's slot (to be stored as the block's `key_slot`).
     pub fn insert(&mut self, key: BlockHashKey, block: u32) -> u32 {
-        let entry = Entry { key, block, next_dup: NIL };
+        let entry = Entry {
+            key,
+            block,
+            next_dup: NIL,
+        };
         let slot = match self.vacant.pop() {
             Some(slot) => {
                 self.entries[slot as usize] = entry;
@@ -99,7 +103,8 @@ impl PrefixMap {
                 entries[last as usize].next_dup = slot;
             }
             None => {
-                self.table.insert_unique(hash, slot, |&s| entries[s as usize].key.table_hash());
+                self.table
+                    .insert_unique(hash, slot, |&s| entries[s as usize].key.table_hash());
             }
         }
         slot
@@ -120,7 +125,9 @@ impl PrefixMap {
             }
         } else {
             // Not a head: unlink it from its key's chain (chains are short).
-            let head = self.table.find(hash, |&s| entries[s as usize].key == removed.key);
+            let head = self
+                .table
+                .find(hash, |&s| entries[s as usize].key == removed.key);
             debug_assert!(head.is_some(), "a live entry's key is in the table");
             if let Some(&head) = head {
                 let mut prev = head;
@@ -156,19 +163,25 @@ impl PrefixMap {
         for &head in self.table.iter() {
             let key = self.entries[head as usize].key;
             if self.get(&key) != Some(self.entries[head as usize].block) {
-                problems.push(format!("prefix map: key at slot {head} is not found by lookup"));
+                problems.push(format!(
+                    "prefix map: key at slot {head} is not found by lookup"
+                ));
             }
             let mut slot = head;
             let mut steps = 0;
             while slot != NIL && steps <= self.entries.len() {
                 let entry = &self.entries[slot as usize];
                 if seen[slot as usize] {
-                    problems.push(format!("prefix map: slot {slot} is reachable twice or vacant"));
+                    problems.push(format!(
+                        "prefix map: slot {slot} is reachable twice or vacant"
+                    ));
                     break;
                 }
                 seen[slot as usize] = true;
                 if entry.key != key {
-                    problems.push(format!("prefix map: slot {slot} is chained under another key"));
+                    problems.push(format!(
+                        "prefix map: slot {slot} is chained under another key"
+                    ));
                 }
                 if block_key_slot(entry.block) != Some(slot) {
                     problems.push(format!(
@@ -181,7 +194,9 @@ impl PrefixMap {
             }
         }
         if let Some(lost) = seen.iter().position(|&s| !s) {
-            problems.push(format!("prefix map: slot {lost} is neither live nor vacant"));
+            problems.push(format!(
+                "prefix map: slot {lost} is neither live nor vacant"
+            ));
         }
     }
 }

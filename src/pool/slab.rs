@@ -19,7 +19,12 @@ pub struct BlockMeta {
 }
 
 impl BlockMeta {
-    const EMPTY: Self = Self { ref_cnt: 0, prev: NIL, next: NIL, key_slot: NIL };
+    const EMPTY: Self = Self {
+        ref_cnt: 0,
+        prev: NIL,
+        next: NIL,
+        key_slot: NIL,
+    };
 
     /// True while the block is in the prefix cache.
     #[inline]
@@ -37,7 +42,9 @@ pub struct Slab {
 impl Slab {
     /// `num_blocks` blocks, unlinked, uncached, with count 0.
     pub fn new(num_blocks: u32) -> Self {
-        Self { metas: vec![BlockMeta::EMPTY; num_blocks as usize] }
+        Self {
+            metas: vec![BlockMeta::EMPTY; num_blocks as usize],
+        }
     }
 
     /// Number of blocks.
@@ -87,6 +94,8 @@ mod tests {
     fn new_slab_is_empty_and_unlinked() {
         let slab = Slab::new(3);
         assert_eq!(slab.len(), 3);
-        assert!(slab.iter().all(|m| m.ref_cnt == 0 && !m.is_cached() && m.next == NIL));
+        assert!(slab
+            .iter()
+            .all(|m| m.ref_cnt == 0 && !m.is_cached() && m.next == NIL));
     }
 }

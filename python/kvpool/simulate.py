@@ -1,0 +1,354 @@
+"""Replay a Mooncake trace through a ``BlockPool`` and report its prefix-cache behaviour.
+
+Semantics (what ``kvpool simulate`` and the ``trace-replay`` benchmark do):
+
+* Requests run one at a time, in file order. Each hash id is one cacheable block.
+* A request hits the longest prefix of its ids that is cached when it arrives
+  (``find_longest_cache_hit``, uncapped); it takes those blocks (``touch``), allocates the
+  rest, caches them under their ids, and then releases all its blocks tail-first (reverse
+  order), so they stay cached, most recently used last.
+* When the pool is full, allocating evicts the least recently used free block.
+* A pool of capacity ``C`` has ``C`` usable blocks (``BlockPool(C + 1)``: block 0 is the null
+  block). A request with more than ``C`` blocks keeps only its first ``C``; the rest count as
+  misses.
+* Unbounded mode uses a pool that never evicts: as many usable blocks as distinct ids when the
+  trace is prefix-consistent (every well-formed Mooncake trace is), else as many as the trace
+  has blocks in total.
+
+Reported per capacity (:class:`ReplayResult`): ``hit_blocks`` and ``block_hit_ratio`` over all
+blocks of the trace; ``token_hit_ratio`` = hit tokens / input tokens, where a request with ``h``
+hit blocks hits ``min(h * block_tokens, input_length)`` tokens (every block counts
+``block_tokens`` except the last, which counts ``input_length - (n - 1) * block_tokens``; the
+``min`` clips lines whose length and ids disagree); ``evictions`` = cached blocks dropped to make
+room, exactly ``newly cached - cached at the end`` since the pool starts empty; ``seconds`` =
+time of the replay loop, whose body is only the pool calls (ids are converted beforehand).
+
+Hash ids reach each pool in its preferred form, prepared before any clock starts
+(:class:`Impl`): a ``np.uint64`` array for the Rust pool when it accepts one, else a list of
+8-byte big-endian ``bytes`` (always for the plain-Python reference).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from kvpool.traces import MOONCAKE_BLOCK_TOKENS, HashIds, Trace, is_prefix_consistent
+
+__all__ = [
+    "CHUNK",
+    "IMPL_NAMES",
+    "HashInput",
+    "Impl",
+    "PlotUnavailableError",
+    "PoolLike",
+    "ProgressFn",
+    "ReplayResult",
+    "default_sweep",
+    "get_impl",
+    "load_pyplot",
+    "prepare_hashes",
+    "replay",
+    "save_plot",
+    "simulate",
+    "simulate_one",
+    "truncate",
+    "unbounded_capacity",
+]
+
+IMPL_NAMES = ("kvpool", "reference")
+
+HashInput = npt.NDArray[np.uint64] | list[bytes]
+"""One request's block hashes in the form a pool takes: uint64 ids or 8-byte big-endian bytes."""
+
+ProgressFn = Callable[[int], None]
+"""Called with the number of requests replayed so far."""
+
+CHUNK = 1024
+"""Requests replayed between two progress reports (the clock stops in between)."""
+
+
+class PoolLike(Protocol):
+    """The ``BlockPool`` methods a replay or a benchmark calls (both implementations have them)."""
+
+    def get_new_blocks(self, num_blocks: int) -> npt.NDArray[Any]: ...
+    def get_new_blocks_many(self, counts: Any) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]: ...
+    def free_blocks(self, block_ids: Any) -> None: ...
+    def free_blocks_many(self, blocks: Any, offsets: Any = None, *, reverse: bool = False) -> None: ...
+    def touch(self, block_ids: Any) -> None: ...
+    def cache_full_blocks(
+        self, block_ids: Any, block_hashes: Any, num_cached_blocks: int, num_full_blocks: int
+    ) -> None: ...
+    def find_longest_cache_hit(self, block_hashes: Any, *, max_blocks: int | None = None) -> npt.NDArray[Any]: ...
+    def get_num_cached_blocks(self) -> int: ...
+
+
+PoolFactory = Callable[..., PoolLike]
+
+
+# --------------------------------------------------------------------------------------------
+# Implementations and their preferred hash form.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Impl:
+    """A ``BlockPool`` implementation: its name, module, class and preferred hash form."""
+
+    name: str
+    module: ModuleType
+    pool_cls: PoolFactory
+    int_hashes: bool  # takes hash ids as a np.uint64 array (else: a list of 8-byte bytes)
+
+    def hashes(self, ids: HashIds) -> HashInput:
+        """``ids`` in this implementation's preferred form (call outside any timed region)."""
+        if self.int_hashes:
+            return ids
+        raw = ids.astype(">u8").tobytes()
+        return [raw[i : i + 8] for i in range(0, len(raw), 8)]
+
+    def has(self, api: str) -> bool:
+        """Whether this implementation's module offers ``api`` (e.g. ``"KVCacheManager"``)."""
+        return hasattr(self.module, api)
+
+
+def get_impl(name: str) -> Impl:
+    """The implementation called ``name``: ``"kvpool"`` (Rust) or ``"reference"`` (plain Python)."""
+    if name == "kvpool":
+        module = importlib.import_module("kvpool")
+        return Impl(name, module, module.BlockPool, _accepts_int_hashes(module.BlockPool))
+    if name == "reference":
+        # The reference's native form is bytes: giving it ints would time a conversion.
+        module = importlib.import_module("kvpool.reference")
+        return Impl(name, module, module.BlockPool, False)
+    raise ValueError(f"unknown implementation {name!r} (choose from {', '.join(IMPL_NAMES)})")
+
+
+def _accepts_int_hashes(pool_cls: PoolFactory) -> bool:
+    """Whether ``pool_cls`` takes block hashes as a ``np.uint64`` array (older builds do not)."""
+    try:
+        pool_cls(2).find_longest_cache_hit(np.zeros(1, dtype=np.uint64))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def prepare_hashes(trace: Trace, impl: Impl) -> list[HashInput]:
+    """Every request's hashes in ``impl``'s preferred form (once per trace, untimed)."""
+    return [impl.hashes(ids) for ids in trace.hash_ids]
+
+
+def truncate(hashes: Sequence[HashInput], capacity: int) -> list[HashInput]:
+    """Each request's first ``capacity`` blocks (slices are views for arrays)."""
+    return [h[:capacity] if len(h) > capacity else h for h in hashes]
+
+
+# --------------------------------------------------------------------------------------------
+# The replay.
+# --------------------------------------------------------------------------------------------
+
+
+def replay(pool: PoolLike, hashes: Sequence[HashInput]) -> list[int]:
+    """Run the requests through ``pool`` in order; return each request's number of hit blocks.
+
+    Per request: longest cache hit, touch the hits, allocate the rest, cache the new blocks,
+    free all blocks tail-first. The body is pool calls only, so the caller can time the loop.
+    Every request must fit (``len(h) <= usable blocks``).
+    """
+    find, touch = pool.find_longest_cache_hit, pool.touch
+    allocate, cache, free_many = pool.get_new_blocks, pool.cache_full_blocks, pool.free_blocks_many
+    hits: list[int] = []
+    for h in hashes:
+        hit = find(h)
+        k = len(hit)
+        touch(hit)
+        new = allocate(len(h) - k)
+        cache(new, h[k:], 0, len(h) - k)
+        free_many([new, hit], reverse=True)  # the new blocks are the tail: they go first
+        hits.append(k)
+    return hits
+
+
+def _timed_replay(
+    pool: PoolLike, hashes: Sequence[HashInput], progress: ProgressFn | None
+) -> tuple[list[int], float]:
+    """:func:`replay` in chunks of :data:`CHUNK` requests, timed; the progress report is not."""
+    hits: list[int] = []
+    seconds = 0.0
+    gc.collect()
+    for start in range(0, len(hashes), CHUNK):
+        part = hashes[start : start + CHUNK]
+        t0 = time.perf_counter()
+        hits += replay(pool, part)
+        seconds += time.perf_counter() - t0
+        if progress is not None:
+            progress(start + len(part))
+    return hits, seconds
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """The prefix-cache behaviour of one replay (one capacity); see the module docstring."""
+
+    trace: str
+    capacity_blocks: int | None  # None: unbounded
+    requests: int
+    blocks: int
+    hit_blocks: int
+    block_hit_ratio: float
+    token_hit_ratio: float
+    evictions: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (ratios and seconds rounded to 6 digits)."""
+        out = asdict(self)
+        for key in ("block_hit_ratio", "token_hit_ratio", "seconds"):
+            out[key] = round(out[key], 6)
+        return out
+
+
+def unbounded_capacity(trace: Trace) -> int:
+    """Usable blocks of a pool that never evicts while replaying ``trace`` (at least 1).
+
+    Distinct ids suffice when the trace is prefix-consistent: each id is then cached once and
+    hit ever after. Otherwise a request may cache an id again, and only the total number of
+    blocks is a safe bound.
+    """
+    need = trace.distinct_ids() if is_prefix_consistent(trace) else trace.num_blocks
+    return max(need, 1)
+
+
+def _token_hits(trace: Trace, hits: Sequence[int], block_tokens: int) -> int:
+    """Sum over requests of ``min(hit_blocks * block_tokens, input_length)``."""
+    hit_tokens = np.asarray(hits, dtype=np.int64) * block_tokens
+    return int(np.minimum(hit_tokens, np.asarray(trace.input_lengths, dtype=np.int64)).sum())
+
+
+def simulate_one(
+    trace: Trace,
+    capacity: int | None,
+    *,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    impl: Impl | None = None,
+    hashes: Sequence[HashInput] | None = None,
+    progress: ProgressFn | None = None,
+) -> ReplayResult:
+    """Replay ``trace`` in a fresh pool of ``capacity`` usable blocks (``None``: unbounded).
+
+    ``impl`` defaults to the Rust pool; ``hashes`` (from :func:`prepare_hashes` with the same
+    ``impl``) can be passed to convert a trace once for several capacities.
+    """
+    if capacity is not None and capacity < 1:
+        raise ValueError(f"capacity must be >= 1 block, got {capacity}")
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    impl = impl or get_impl("kvpool")
+    usable = unbounded_capacity(trace) if capacity is None else capacity
+    requests = truncate(prepare_hashes(trace, impl) if hashes is None else hashes, usable)
+    pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens)
+    hits, seconds = _timed_replay(pool, requests, progress)
+    hit_blocks = sum(hits)
+    newly_cached = sum(len(h) for h in requests) - hit_blocks
+    blocks, input_tokens = trace.num_blocks, sum(trace.input_lengths)
+    return ReplayResult(
+        trace=trace.name,
+        capacity_blocks=capacity,
+        requests=trace.num_requests,
+        blocks=blocks,
+        hit_blocks=hit_blocks,
+        block_hit_ratio=hit_blocks / blocks if blocks else 0.0,
+        token_hit_ratio=_token_hits(trace, hits, block_tokens) / input_tokens if input_tokens else 0.0,
+        evictions=newly_cached - pool.get_num_cached_blocks(),
+        seconds=seconds,
+    )
+
+
+def simulate(
+    trace: Trace,
+    capacities: Sequence[int | None],
+    *,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+    impl: Impl | None = None,
+    progress: Callable[[int | None], ProgressFn | None] | None = None,
+) -> list[ReplayResult]:
+    """:func:`simulate_one` for each capacity in order (``None``: unbounded).
+
+    ``progress(capacity)``, if given, returns the progress callback for that capacity's run.
+    """
+    impl = impl or get_impl("kvpool")
+    hashes = prepare_hashes(trace, impl)
+    return [
+        simulate_one(
+            trace,
+            capacity,
+            block_tokens=block_tokens,
+            impl=impl,
+            hashes=hashes,
+            progress=None if progress is None else progress(capacity),
+        )
+        for capacity in capacities
+    ]
+
+
+def default_sweep(trace: Trace, points: int = 8) -> list[int]:
+    """``points`` capacities spaced geometrically from 1/64 of the unbounded pool up to all of it."""
+    top = unbounded_capacity(trace)
+    fractions = [64 ** (-(points - 1 - i) / max(points - 1, 1)) for i in range(points)]
+    return sorted({max(1, math.ceil(top * f)) for f in fractions})
+
+
+# --------------------------------------------------------------------------------------------
+# The plot (optional: needs matplotlib, ``pip install 'kvpool[plot]'``).
+# --------------------------------------------------------------------------------------------
+
+
+class PlotUnavailableError(RuntimeError):
+    """``--plot`` was asked for but matplotlib is not installed."""
+
+
+def load_pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or :class:`PlotUnavailableError`."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        raise PlotUnavailableError(
+            "--plot needs matplotlib, which is not installed: pip install 'kvpool[plot]'"
+        ) from None
+    matplotlib.use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def save_plot(results: Sequence[ReplayResult], path: str) -> None:
+    """Write a PNG of block and token hit ratio against capacity, the unbounded ceiling dashed."""
+    plt = load_pyplot()
+    points = sorted(((r.capacity_blocks, r) for r in results if r.capacity_blocks is not None), key=lambda p: p[0])
+    bounded = [r for _, r in points]
+    xs = [capacity for capacity, _ in points]
+    ceiling = next((r for r in results if r.capacity_blocks is None), None)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [r.block_hit_ratio for r in bounded], "o-", label="block hit ratio")
+    ax.plot(xs, [r.token_hit_ratio for r in bounded], "s--", label="token hit ratio")
+    if ceiling is not None:
+        ax.axhline(ceiling.block_hit_ratio, color="C0", linestyle=":", label="unbounded: block")
+        ax.axhline(ceiling.token_hit_ratio, color="C1", linestyle=":", label="unbounded: token")
+    if len(xs) > 1 and max(xs) / min(xs) >= 10:
+        ax.set_xscale("log")
+    ax.set_xlabel("capacity (blocks)")
+    ax.set_ylabel("hit ratio")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"prefix-cache hit ratio: {results[0].trace}" if results else "prefix-cache hit ratio")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

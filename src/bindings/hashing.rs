@@ -1,0 +1,561 @@
+//! Block hashing from Python: `BlockHashList` (hashes that stay in Rust),
+//! `BlockHasher` (the chain, batched), and the encoders for tests.
+
+use std::sync::{Mutex, MutexGuard};
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyList, PySlice, PyString, PyTuple};
+
+use super::convert::{extract_i64s, int_arg, type_name};
+use super::errors::{error, ErrorKind};
+use crate::pool::hashing::{self, none_hash, BlockHasher, HashAlgo, MmFeature, Value};
+use crate::pool::{HashSlice, SequenceExtras};
+
+/// Resolves a hash algorithm name.
+pub fn algo_arg(py: Python<'_>, name: Option<&str>) -> PyResult<HashAlgo> {
+    let name = name.unwrap_or("sha256_cbor");
+    HashAlgo::from_name(name).ok_or_else(|| {
+        error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!("unknown hash_algo {name:?}: expected one of sha256, sha256_cbor, xxhash, xxhash_cbor"),
+        )
+    })
+}
+
+/// The `NONE_HASH` seed: the caller's, else vLLM's deterministic default.
+pub fn seed_arg(seed: Option<&str>) -> String {
+    seed.unwrap_or(hashing::DEFAULT_NONE_HASH_SEED).to_owned()
+}
+
+/// A request's block hashes, kept in Rust: one flat buffer of equal-width digests.
+///
+/// Pass it straight to ``BlockPool.cache_full_blocks`` / ``find_longest_cache_hit``;
+/// ``to_list()`` / indexing give ``bytes`` on request. It grows only by appending.
+#[pyclass(frozen, module = "kvpool", name = "BlockHashList")]
+pub struct PyBlockHashList {
+    inner: Mutex<Vec<u8>>,
+    width: usize,
+    algo: HashAlgo,
+}
+
+impl PyBlockHashList {
+    /// A list over `bytes` (a whole number of `algo` digests).
+    pub fn new(bytes: Vec<u8>, algo: HashAlgo) -> Self {
+        Self {
+            inner: Mutex::new(bytes),
+            width: algo.digest_len(),
+            algo,
+        }
+    }
+
+    /// The flat digests, locked.
+    pub fn bytes(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Digest width in bytes.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Copies the digests out as a core hash view's backing store.
+    pub fn copy_into(&self, flat: &mut Vec<u8>) -> usize {
+        flat.extend_from_slice(&self.bytes());
+        self.width
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len() / self.width
+    }
+}
+
+#[pymethods]
+impl PyBlockHashList {
+    /// Digest width in bytes (32 for SHA-256, 16 for xxh3-128).
+    #[getter(width)]
+    fn py_width(&self) -> usize {
+        self.width
+    }
+
+    /// Name of the algorithm that produced the hashes.
+    #[getter]
+    fn hash_algo(&self) -> &'static str {
+        self.algo.name()
+    }
+
+    fn __len__(&self) -> usize {
+        self.len()
+    }
+
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let len = self.len();
+        if let Ok(slice) = index.cast::<PySlice>() {
+            let ind = slice.indices(len as isize)?;
+            let bytes = self.bytes();
+            let mut out = Vec::with_capacity(ind.slicelength * self.width);
+            let mut i = ind.start;
+            for _ in 0..ind.slicelength {
+                let i_u = i as usize;
+                out.extend_from_slice(&bytes[i_u * self.width..(i_u + 1) * self.width]);
+                i += ind.step;
+            }
+            return Ok(Bound::new(py, PyBlockHashList::new(out, self.algo))?.into_any());
+        }
+        let i = int_arg(index, "index", i64::MIN, i64::MAX)?;
+        let j = if i < 0 { i + len as i64 } else { i };
+        if j < 0 || j >= len as i64 {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "block hash index {i} out of range for {len} hashes"
+            )));
+        }
+        let j = j as usize;
+        Ok(PyBytes::new(py, &self.bytes()[j * self.width..(j + 1) * self.width]).into_any())
+    }
+
+    /// The hashes as a list of ``bytes``.
+    fn to_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let bytes = self.bytes();
+        PyList::new(
+            py,
+            bytes.chunks_exact(self.width).map(|h| PyBytes::new(py, h)),
+        )
+    }
+
+    /// All hashes back to back as one ``bytes`` object.
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.bytes())
+    }
+
+    /// The hashes as vLLM's KV-event wire format writes them: the last 8 bytes of
+    /// each, big-endian, as ``uint64``.
+    fn to_ints<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
+        let bytes = self.bytes();
+        PyArray1::from_iter(
+            py,
+            bytes.chunks_exact(self.width).map(|h| {
+                let mut last = [0u8; 8];
+                last.copy_from_slice(&h[h.len() - 8..]);
+                u64::from_be_bytes(last)
+            }),
+        )
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        match other.cast::<PyBlockHashList>() {
+            Ok(o) => {
+                let o = o.get();
+                std::ptr::eq(self, o) || (self.algo == o.algo && *self.bytes() == *o.bytes())
+            }
+            Err(_) => match other.cast::<PyList>() {
+                Ok(list) => {
+                    let bytes = self.bytes();
+                    list.len() == self.len()
+                        && list
+                            .iter()
+                            .zip(bytes.chunks_exact(self.width))
+                            .all(|(item, h)| {
+                                item.cast::<PyBytes>()
+                                    .map(|b| b.as_bytes() == h)
+                                    .unwrap_or(false)
+                            })
+                }
+                Err(_) => false,
+            },
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockHashList(hash_algo={:?}, len={})",
+            self.algo.name(),
+            self.len()
+        )
+    }
+}
+
+/// Reads the extra-key inputs of a request from Python values.
+pub fn extract_extras(
+    py: Python<'_>,
+    lora: Option<&Bound<'_, PyAny>>,
+    cache_salt: Option<&Bound<'_, PyAny>>,
+    mm_features: Option<&Bound<'_, PyAny>>,
+    prompt_embed_digests: Option<&Bound<'_, PyAny>>,
+) -> PyResult<SequenceExtras> {
+    fn some<'a, 'py>(o: Option<&'a Bound<'py, PyAny>>) -> Option<&'a Bound<'py, PyAny>> {
+        o.filter(|o| !o.is_none())
+    }
+    let mut extras = SequenceExtras::default();
+    if let Some(lora) = some(lora) {
+        let pair: (String, String) = lora.extract().map_err(|_| {
+            error(
+                py,
+                ErrorKind::Dtype,
+                format!(
+                    "lora must be a (name, path) tuple of str, got {}",
+                    type_name(&lora)
+                ),
+            )
+        })?;
+        extras.lora = Some(pair);
+    }
+    if let Some(salt) = some(cache_salt) {
+        let salt = salt.cast::<PyString>().map_err(|_| {
+            error(
+                py,
+                ErrorKind::Dtype,
+                format!("cache_salt must be a str, got {}", type_name(&salt)),
+            )
+        })?;
+        extras.cache_salt = Some(salt.to_str()?.to_owned());
+    }
+    if let Some(mm) = some(mm_features) {
+        for item in mm
+            .try_iter()
+            .map_err(|_| error(py, ErrorKind::Dtype, "mm_features must be a sequence"))?
+        {
+            let item = item?;
+            let (identifier, offset, length): (String, i64, i64) = item.extract().map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::Dtype,
+                    format!("each mm feature must be an (identifier: str, offset: int, length: int) tuple, got {}", type_name(&item)),
+                )
+            })?;
+            if offset < 0 || length < 0 {
+                return Err(error(
+                    py,
+                    ErrorKind::InvalidArgument,
+                    "mm feature offset and length must be >= 0",
+                ));
+            }
+            extras
+                .mm_features
+                .push(MmFeature::new(identifier, offset as usize, length as usize));
+        }
+    }
+    if let Some(digests) = some(prompt_embed_digests) {
+        let mut out = Vec::new();
+        for item in digests.try_iter().map_err(|_| {
+            error(
+                py,
+                ErrorKind::Dtype,
+                "prompt_embed_digests must be a sequence of bytes",
+            )
+        })? {
+            let item = item?;
+            let b = item.cast::<PyBytes>().map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::Dtype,
+                    format!(
+                        "prompt embed digests must be bytes, got {}",
+                        type_name(&item)
+                    ),
+                )
+            })?;
+            let d: [u8; 32] = b.as_bytes().try_into().map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::HashWidth,
+                    format!(
+                        "a prompt embed digest must be 32 bytes, got {}",
+                        b.as_bytes().len()
+                    ),
+                )
+            })?;
+            out.push(d);
+        }
+        extras.prompt_embed_digests = Some(out);
+    }
+    extras.validate().map_err(|e| super::errors::to_py(py, e))?;
+    Ok(extras)
+}
+
+/// A Python value as a hash-input [`Value`]: None, int, bytes, str and tuples of them.
+pub fn to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let py = obj.py();
+    if obj.is_none() {
+        return Ok(Value::None);
+    }
+    if obj.is_instance_of::<PyBool>() {
+        return Err(error(
+            py,
+            ErrorKind::Dtype,
+            "bool is not a supported hash-input value",
+        ));
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(Value::bytes(b.as_bytes()));
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::Str(s.to_str()?.to_owned()));
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return t
+            .iter()
+            .map(|item| to_value(&item))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Value::Tuple);
+    }
+    if obj.is_instance_of::<pyo3::types::PyInt>() {
+        return obj.extract::<i128>().map(Value::Int).map_err(|_| {
+            error(
+                py,
+                ErrorKind::InvalidArgument,
+                "hash-input ints must fit in 128 bits",
+            )
+        });
+    }
+    Err(error(
+        py,
+        ErrorKind::Dtype,
+        format!(
+            "hash inputs may be None, int, bytes, str or tuples of them, not {}",
+            type_name(obj)
+        ),
+    ))
+}
+
+/// Hashes token blocks into chains of vLLM-compatible block hashes.
+///
+/// ``BlockHasher(block_size, hash_algo="sha256_cbor", seed=None)``: ``hash_algo`` is
+/// one of ``sha256``, ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``; ``NONE_HASH`` is
+/// ``H(seed)``, the seed defaulting to vLLM's ``"vllm-none-hash"``.
+#[pyclass(frozen, module = "kvpool", name = "BlockHasher")]
+pub struct PyBlockHasher {
+    hasher: Mutex<BlockHasher>,
+    none_hash: Vec<u8>,
+    block_size: usize,
+    algo: HashAlgo,
+}
+
+#[pymethods]
+impl PyBlockHasher {
+    #[new]
+    #[pyo3(signature = (block_size, *, hash_algo=None, seed=None))]
+    fn new(
+        py: Python<'_>,
+        block_size: &Bound<'_, PyAny>,
+        hash_algo: Option<&str>,
+        seed: Option<&str>,
+    ) -> PyResult<Self> {
+        let block_size = int_arg(block_size, "block_size", 1, u32::MAX as i64)? as usize;
+        let algo = algo_arg(py, hash_algo)?;
+        Ok(Self {
+            hasher: Mutex::new(BlockHasher::new(algo)),
+            none_hash: none_hash(algo, &seed_arg(seed)).to_vec(),
+            block_size,
+            algo,
+        })
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The algorithm's name.
+    #[getter]
+    fn hash_algo(&self) -> &'static str {
+        self.algo.name()
+    }
+
+    /// ``NONE_HASH``, the parent of every first block.
+    #[getter]
+    fn none_hash<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.none_hash)
+    }
+
+    /// Hashes every full block of ``token_ids`` (numpy int array or list), with the
+    /// request's extra keys. Returns a ``BlockHashList``.
+    #[pyo3(signature = (token_ids, *, lora=None, cache_salt=None, mm_features=None, prompt_embed_digests=None))]
+    fn hash_tokens(
+        &self,
+        py: Python<'_>,
+        token_ids: &Bound<'_, PyAny>,
+        lora: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        mm_features: Option<&Bound<'_, PyAny>>,
+        prompt_embed_digests: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyBlockHashList> {
+        let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
+        let mut tokens = Vec::new();
+        extract_i64s(token_ids, "token_ids", &mut tokens)?;
+        let mut out = Vec::with_capacity(tokens.len() / self.block_size * self.algo.digest_len());
+        let mut guard = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
+        let hasher: &mut BlockHasher = &mut guard;
+        let (none, bs) = (&self.none_hash, self.block_size);
+        if tokens.len() > 4096 {
+            py.detach(|| hasher.update_chain(none, &tokens, bs, &extras.inputs(), &mut out));
+        } else {
+            hasher.update_chain(none, &tokens, bs, &extras.inputs(), &mut out);
+        }
+        Ok(PyBlockHashList::new(out, self.algo))
+    }
+
+    /// Hashes several requests' tokens in one call; returns one ``BlockHashList`` each.
+    fn hash_tokens_many(
+        &self,
+        py: Python<'_>,
+        token_lists: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<PyBlockHashList>> {
+        let mut all = Vec::new();
+        for item in token_lists
+            .try_iter()
+            .map_err(|_| error(py, ErrorKind::Dtype, "token_lists must be a sequence"))?
+        {
+            let mut tokens = Vec::new();
+            extract_i64s(&item?, "token_ids", &mut tokens)?;
+            all.push(tokens);
+        }
+        let (none, bs, algo) = (&self.none_hash, self.block_size, self.algo);
+        let mut guard = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
+        let hasher: &mut BlockHasher = &mut guard;
+        let extras = SequenceExtras::default();
+        let lists = py.detach(|| {
+            all.iter()
+                .map(|tokens| {
+                    let mut out = Vec::new();
+                    hasher.update_chain(none, tokens, bs, &extras.inputs(), &mut out);
+                    out
+                })
+                .collect::<Vec<_>>()
+        });
+        Ok(lists
+            .into_iter()
+            .map(|b| PyBlockHashList::new(b, algo))
+            .collect())
+    }
+
+    /// Appends to ``hashes`` the hashes of the full blocks of ``token_ids`` (all of
+    /// the request's tokens so far) that it lacks; the old blocks are not rehashed.
+    /// Returns the number of new hashes.
+    #[pyo3(signature = (hashes, token_ids, *, lora=None, cache_salt=None, mm_features=None, prompt_embed_digests=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn extend(
+        &self,
+        py: Python<'_>,
+        hashes: &Bound<'_, PyBlockHashList>,
+        token_ids: &Bound<'_, PyAny>,
+        lora: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        mm_features: Option<&Bound<'_, PyAny>>,
+        prompt_embed_digests: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let list = hashes.get();
+        if list.algo != self.algo {
+            return Err(error(
+                py,
+                ErrorKind::HashWidth,
+                format!(
+                    "hash list is {} but this hasher is {}",
+                    list.algo.name(),
+                    self.algo.name()
+                ),
+            ));
+        }
+        let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
+        let mut tokens = Vec::new();
+        extract_i64s(token_ids, "token_ids", &mut tokens)?;
+        let mut flat = list.bytes();
+        let mut hasher = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(hasher.update_chain(
+            &self.none_hash,
+            &tokens,
+            self.block_size,
+            &extras.inputs(),
+            &mut flat,
+        ))
+    }
+
+    /// One block's hash: ``H((parent or NONE_HASH, tuple(token_ids), extra_keys))``,
+    /// ``extra_keys`` any None/int/bytes/str/tuple value (vLLM's tagged tuples).
+    #[pyo3(signature = (parent, token_ids, extra_keys=None))]
+    fn hash_block<'py>(
+        &self,
+        py: Python<'py>,
+        parent: Option<&Bound<'py, PyBytes>>,
+        token_ids: &Bound<'py, PyAny>,
+        extra_keys: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let mut tokens = Vec::new();
+        extract_i64s(token_ids, "token_ids", &mut tokens)?;
+        let extra = extra_keys
+            .filter(|e| !e.is_none())
+            .map(to_value)
+            .transpose()?;
+        let parent = parent
+            .map(|p| p.as_bytes())
+            .filter(|p| !p.is_empty())
+            .unwrap_or(&self.none_hash);
+        let mut hasher = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(PyBytes::new(
+            py,
+            &hasher.hash_block(parent, &tokens, extra.as_ref()),
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockHasher(block_size={}, hash_algo={:?})",
+            self.block_size,
+            self.algo.name()
+        )
+    }
+}
+
+/// ``NONE_HASH`` of ``hash_algo`` for ``seed`` (vLLM's default seed when None).
+#[pyfunction]
+#[pyo3(signature = (hash_algo="sha256_cbor", seed=None))]
+pub fn compute_none_hash<'py>(
+    py: Python<'py>,
+    hash_algo: &str,
+    seed: Option<&str>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let algo = algo_arg(py, Some(hash_algo))?;
+    Ok(PyBytes::new(py, &none_hash(algo, &seed_arg(seed))))
+}
+
+/// The bytes ``hash_algo`` hashes for ``value``: ``cbor2.dumps(value, canonical=True)``
+/// or ``pickle.dumps(value, protocol=5)``.
+#[pyfunction]
+#[pyo3(signature = (value, hash_algo="sha256_cbor"))]
+pub fn encode_hash_input<'py>(
+    py: Python<'py>,
+    value: &Bound<'py, PyAny>,
+    hash_algo: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let algo = algo_arg(py, Some(hash_algo))?;
+    let mut out = Vec::new();
+    algo.encode(&to_value(value)?, &mut out);
+    Ok(PyBytes::new(py, &out))
+}
+
+/// ``H(value)`` with ``hash_algo``, as vLLM's hash functions compute it.
+#[pyfunction]
+#[pyo3(signature = (value, hash_algo="sha256_cbor"))]
+pub fn hash_value<'py>(
+    py: Python<'py>,
+    value: &Bound<'py, PyAny>,
+    hash_algo: &str,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let algo = algo_arg(py, Some(hash_algo))?;
+    Ok(PyBytes::new(py, &algo.hash_value(&to_value(value)?)))
+}
+
+/// The core's view of a hash list given from Python: a `BlockHashList`, a sequence
+/// of `bytes`, or a numpy integer array (8-byte big-endian ids).
+pub fn hash_slice_of(flat: &[u8], width: usize) -> HashSlice<'_> {
+    if width == 0 {
+        HashSlice::empty()
+    } else {
+        HashSlice::new(flat, width).unwrap_or_else(|_| HashSlice::empty())
+    }
+}

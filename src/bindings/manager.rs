@@ -1,0 +1,506 @@
+//! `kvpool.KVCacheManager`: the per-request layer, with a batched step.
+
+use std::sync::{Mutex, MutexGuard};
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyList, PyTuple};
+
+use super::convert::{
+    extract_block_ids, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
+};
+use super::errors::{error, ErrorKind, IntoPyResult};
+use super::events::events_to_py;
+use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
+use super::requests::{request_id, request_ids};
+use super::tracker::segments;
+use crate::pool::{
+    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, StepOutcome, StepRequest, MAX_BLOCKS,
+};
+
+/// The block manager a scheduler calls per request (vLLM's ``KVCacheManager``
+/// semantics, one full-attention group), plus ``schedule_step`` to hand over a whole
+/// step in one call.
+#[pyclass(frozen, module = "kvpool", name = "KVCacheManager")]
+pub struct PyKVCacheManager {
+    inner: Mutex<KVCacheManager>,
+    num_blocks: u32,
+}
+
+/// What ``schedule_step`` did, per request in the order given.
+///
+/// Request ``i``'s new blocks are ``block_ids[offsets[i]:offsets[i + 1]]``.
+#[pyclass(frozen, module = "kvpool", name = "StepResult")]
+pub struct PyStepResult {
+    /// New block ids of every request, back to back (int32).
+    #[pyo3(get)]
+    block_ids: Py<PyArray1<i32>>,
+    /// Where each request's new blocks start and end (int64, len n + 1).
+    #[pyo3(get)]
+    offsets: Py<PyArray1<i64>>,
+    /// Tokens scheduled per request (int64; 0 where allocation failed or stopped).
+    #[pyo3(get)]
+    num_scheduled_tokens: Py<PyArray1<i64>>,
+    /// Prefix-hit tokens per request (int64; non-zero only for requests starting now).
+    #[pyo3(get)]
+    num_hit_tokens: Py<PyArray1<i64>>,
+    /// Whether each request got its slots (bool).
+    #[pyo3(get)]
+    allocated: Py<PyArray1<bool>>,
+}
+
+#[pymethods]
+impl PyStepResult {
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.allocated.bind(py).len().unwrap_or(0)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let ok = self.allocated.bind(py).to_vec().unwrap_or_default();
+        format!(
+            "StepResult(requests={}, allocated={}, new_blocks={})",
+            ok.len(),
+            ok.iter().filter(|&&b| b).count(),
+            self.block_ids.bind(py).len().unwrap_or(0)
+        )
+    }
+}
+
+use numpy::PyArrayMethods;
+
+static STATS_CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+fn stats_to_py<'py>(py: Python<'py>, stats: &PrefixCacheStats) -> PyResult<Bound<'py, PyAny>> {
+    let cls = STATS_CLASS.get_or_try_init(py, || {
+        py.import("kvpool.stats")
+            .and_then(|m| m.getattr("PrefixCacheStats"))
+            .map(Bound::unbind)
+    })?;
+    cls.bind(py).call1((
+        stats.requests,
+        stats.queries,
+        stats.hits,
+        stats.preempted_requests,
+    ))
+}
+
+impl PyKVCacheManager {
+    fn manager(&self) -> MutexGuard<'_, KVCacheManager> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[pymethods]
+impl PyKVCacheManager {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, stats_window=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_blocks: &Bound<'_, PyAny>,
+        block_size: &Bound<'_, PyAny>,
+        enable_caching: Option<&Bound<'_, PyAny>>,
+        hash_algo: Option<&str>,
+        seed: Option<&str>,
+        enable_events: Option<&Bound<'_, PyAny>>,
+        max_model_len: Option<&Bound<'_, PyAny>>,
+        stats_window: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let config = ManagerConfig {
+            num_blocks: int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
+            block_size: int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32,
+            enable_caching: opt_bool_arg(enable_caching, "enable_caching", true)?,
+            hash_algo: algo_arg(py, hash_algo)?,
+            seed: seed_arg(seed),
+            enable_events: opt_bool_arg(enable_events, "enable_events", false)?,
+            max_model_len: opt_int_arg(max_model_len, "max_model_len", 1, i64::MAX)?
+                .map(|m| m as usize),
+            stats_window: opt_int_arg(stats_window, "stats_window", 0, 1 << 32)?.unwrap_or(1000)
+                as usize,
+        };
+        let num_blocks = config.num_blocks;
+        let inner = KVCacheManager::new(config).py_err(py)?;
+        Ok(Self {
+            inner: Mutex::new(inner),
+            num_blocks,
+        })
+    }
+
+    /// Blocks in the pool (block 0 is the null block).
+    #[getter]
+    fn num_blocks(&self) -> u32 {
+        self.num_blocks
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.manager().block_size()
+    }
+
+    /// Whether the prefix cache is on.
+    #[getter]
+    fn enable_caching(&self) -> bool {
+        self.manager().pool().config().enable_caching
+    }
+
+    /// The block hash algorithm.
+    #[getter]
+    fn hash_algo(&self) -> &'static str {
+        self.manager().tracker().algo().name()
+    }
+
+    /// Adds a request: its prompt token ids and extra keys (LoRA ``(name, path)``
+    /// and ``lora_id`` for events, cache salt, multimodal ``(identifier, offset,
+    /// length)`` features, per-block prompt-embedding digests).
+    #[pyo3(signature = (request_id, prompt_token_ids, *, lora=None, lora_id=None, cache_salt=None, mm_features=None, prompt_embed_digests=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        lora: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        mm_features: Option<&Bound<'_, PyAny>>,
+        prompt_embed_digests: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
+        let lora_info = LoraInfo {
+            id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
+            name: extras.lora.as_ref().map(|(name, _)| name.clone()),
+        };
+        let mut tokens = Vec::new();
+        extract_i64s(prompt_token_ids, "prompt_token_ids", &mut tokens)?;
+        let mut manager = self.manager();
+        if tokens.len() > 8192 {
+            let m: &mut KVCacheManager = &mut manager;
+            py.detach(|| m.add_request(id, &tokens, extras, lora_info))
+                .py_err(py)
+        } else {
+            manager
+                .add_request(id, &tokens, extras, lora_info)
+                .py_err(py)
+        }
+    }
+
+    /// The longest prefix-cache hit of a waiting request, capped below its last
+    /// token: ``(block_ids, num_computed_tokens)``. Never changes counts.
+    fn get_computed_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyArray1<i32>>, usize)> {
+        let id = super::requests::request_id(request_id)?;
+        let mut out = Vec::new();
+        let n = self
+            .manager()
+            .get_computed_blocks(&id, &mut out)
+            .py_err(py)?;
+        Ok((ids_to_numpy(py, &out), n))
+    }
+
+    /// Allocates slots for ``num_new_tokens`` new tokens (plus lookahead), taking
+    /// ``new_computed_blocks`` (the hit from ``get_computed_blocks``) for a request
+    /// that starts now. Returns the new block ids, or None (nothing changed) when the
+    /// pool is short.
+    #[pyo3(signature = (request_id, num_new_tokens, *, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None))]
+    fn allocate_slots<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_new_computed_tokens: Option<&Bound<'py, PyAny>>,
+        new_computed_blocks: Option<&Bound<'py, PyAny>>,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let id = super::requests::request_id(request_id)?;
+        let num_new = int_arg(num_new_tokens, "num_new_tokens", 0, i64::MAX)? as usize;
+        let num_computed = opt_int_arg(
+            num_new_computed_tokens,
+            "num_new_computed_tokens",
+            0,
+            i64::MAX,
+        )?
+        .unwrap_or(0) as usize;
+        let lookahead = opt_int_arg(num_lookahead_tokens, "num_lookahead_tokens", 0, i64::MAX)?
+            .unwrap_or(0) as usize;
+        let mut hits = Vec::new();
+        if let Some(blocks) = new_computed_blocks.filter(|b| !b.is_none()) {
+            extract_block_ids(blocks, self.num_blocks, &mut hits)?;
+        }
+        let mut out = Vec::new();
+        let ok = self
+            .manager()
+            .allocate_slots(&id, num_new, num_computed, &hits, lookahead, &mut out)
+            .py_err(py)?;
+        Ok(ok.then(|| ids_to_numpy(py, &out)))
+    }
+
+    /// One scheduler step in one call. For each request in order: one that has not
+    /// started looks up its prefix hit and schedules ``min(num_new_tokens[i],
+    /// num_tokens - hit)`` tokens; a running one schedules ``num_new_tokens[i]``; then
+    /// its slots are allocated as by ``allocate_slots``. A request that does not fit
+    /// is marked (``allocated[i] == False``, nothing changed for it); with
+    /// ``stop_at_first_failure`` the rest of the step is skipped. Unknown ids fail
+    /// the whole call before anything changes. Returns a ``StepResult``.
+    #[pyo3(signature = (request_ids, num_new_tokens, *, num_lookahead_tokens=None, stop_at_first_failure=None))]
+    fn schedule_step(
+        &self,
+        py: Python<'_>,
+        request_ids: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        stop_at_first_failure: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyStepResult> {
+        let ids = super::requests::request_ids(request_ids)?;
+        let stop = opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?;
+        let per_request = |obj: &Bound<'_, PyAny>, what: &str| -> PyResult<Vec<usize>> {
+            if let Ok(n) = obj.extract::<i64>() {
+                if n < 0 {
+                    return Err(error(
+                        py,
+                        ErrorKind::InvalidArgument,
+                        format!("{what} must be >= 0"),
+                    ));
+                }
+                return Ok(vec![n as usize; ids.len()]);
+            }
+            let mut raw = Vec::new();
+            extract_i64s(obj, what, &mut raw)?;
+            if raw.len() != ids.len() {
+                return Err(error(
+                    py,
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "{what} has {} entries for {} requests",
+                        raw.len(),
+                        ids.len()
+                    ),
+                ));
+            }
+            raw.into_iter()
+                .map(|n| {
+                    usize::try_from(n).map_err(|_| {
+                        error(
+                            py,
+                            ErrorKind::InvalidArgument,
+                            format!("{what} must be >= 0"),
+                        )
+                    })
+                })
+                .collect()
+        };
+        let news = per_request(num_new_tokens, "num_new_tokens")?;
+        let lookaheads = match num_lookahead_tokens.filter(|o| !o.is_none()) {
+            Some(obj) => per_request(obj, "num_lookahead_tokens")?,
+            None => vec![0; ids.len()],
+        };
+        let step: Vec<StepRequest<'_>> = ids
+            .iter()
+            .zip(news.iter().zip(&lookaheads))
+            .map(
+                |(id, (&num_new_tokens, &num_lookahead_tokens))| StepRequest {
+                    id,
+                    num_new_tokens,
+                    num_lookahead_tokens,
+                },
+            )
+            .collect();
+        let mut outcome = StepOutcome::default();
+        self.manager()
+            .schedule_step(&step, stop, &mut outcome)
+            .py_err(py)?;
+        let as_i64 = |v: &[usize]| PyArray1::from_iter(py, v.iter().map(|&x| x as i64)).unbind();
+        Ok(PyStepResult {
+            block_ids: ids_to_numpy(py, &outcome.block_ids).unbind(),
+            offsets: as_i64(&outcome.offsets),
+            num_scheduled_tokens: as_i64(&outcome.num_scheduled_tokens),
+            num_hit_tokens: as_i64(&outcome.num_hit_tokens),
+            allocated: PyArray1::from_vec(py, outcome.allocated).unbind(),
+        })
+    }
+
+    /// Appends token ids (generated, or newly known) to a request.
+    fn append_token_ids(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        let mut tokens = Vec::new();
+        extract_i64s(token_ids, "token_ids", &mut tokens)?;
+        self.manager().append_token_ids(&id, &tokens).py_err(py)
+    }
+
+    /// Appends tokens to several requests: segment ``i`` of ``token_ids`` (cut by
+    /// ``offsets``; one token each when None, as after a decode step) goes to
+    /// ``request_ids[i]``. All ids are checked first.
+    #[pyo3(signature = (request_ids, token_ids, offsets=None))]
+    fn append_token_ids_many(
+        &self,
+        py: Python<'_>,
+        request_ids: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+        offsets: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ids = super::requests::request_ids(request_ids)?;
+        let (tokens, cuts) = segments(py, token_ids, offsets, ids.len())?;
+        let mut manager = self.manager();
+        for id in &ids {
+            manager.num_tokens(id).py_err(py)?;
+        }
+        for (id, w) in ids.iter().zip(cuts.windows(2)) {
+            manager
+                .append_token_ids(id, &tokens[w[0]..w[1]])
+                .py_err(py)?;
+        }
+        Ok(())
+    }
+
+    /// Frees a finished request's blocks (tail first) and forgets it.
+    fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        self.manager().free(&id).py_err(py)
+    }
+
+    /// Frees several requests in order; all ids are checked first.
+    fn free_many(&self, py: Python<'_>, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = super::requests::request_ids(request_ids)?;
+        self.manager().free_many(&ids).py_err(py)
+    }
+
+    /// Preempts a request: frees its blocks (tail first); it keeps its tokens and
+    /// restarts from zero computed tokens.
+    fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        self.manager().preempt(&id).py_err(py)
+    }
+
+    /// The request's block table (int32).
+    fn get_block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let id = super::requests::request_id(request_id)?;
+        let manager = self.manager();
+        let ids = manager.block_ids(&id).py_err(py)?;
+        Ok(ids_to_numpy(py, ids))
+    }
+
+    /// The request's block hashes (full blocks).
+    fn get_block_hashes(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<PyBlockHashList> {
+        let id = super::requests::request_id(request_id)?;
+        let manager = self.manager();
+        let hashes = manager.tracker().block_hashes(&id).py_err(py)?;
+        let bytes: Vec<u8> = (0..hashes.len())
+            .flat_map(|i| hashes.get(i).iter().copied())
+            .collect();
+        Ok(PyBlockHashList::new(bytes, manager.tracker().algo()))
+    }
+
+    /// The request's number of tokens so far.
+    fn get_num_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = super::requests::request_id(request_id)?;
+        self.manager().num_tokens(&id).py_err(py)
+    }
+
+    /// Tokens the manager counts as computed for the request (advanced by each
+    /// successful allocation, reset by preemption).
+    fn get_num_computed_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let id = super::requests::request_id(request_id)?;
+        self.manager().num_computed_tokens(&id).py_err(py)
+    }
+
+    /// Sets the request's computed tokens (e.g. after rejected speculative tokens).
+    fn set_num_computed_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        let n = int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)? as usize;
+        self.manager().set_num_computed_tokens(&id, n).py_err(py)
+    }
+
+    /// Fraction of usable blocks in use.
+    fn get_usage(&self) -> f64 {
+        self.manager().usage()
+    }
+
+    /// Free blocks in the pool.
+    fn get_num_free_blocks(&self) -> usize {
+        self.manager().pool().num_free_blocks()
+    }
+
+    /// Queued KV-cache events, oldest first (the queue is emptied).
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.manager().take_events();
+        events_to_py(py, events)
+    }
+
+    /// Clears the prefix cache and the statistics; refused (False) while any block
+    /// is in use.
+    fn reset_prefix_cache(&self) -> bool {
+        self.manager().reset_prefix_cache()
+    }
+
+    /// Prefix-cache statistics over every lookup since the start (or last reset).
+    #[getter]
+    fn prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stats = self.manager().prefix_cache_stats().clone();
+        stats_to_py(py, &stats)
+    }
+
+    /// Prefix-cache statistics over the last ``stats_window`` lookups.
+    #[getter]
+    fn recent_prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stats = self.manager().recent_prefix_cache_stats();
+        stats_to_py(py, &stats)
+    }
+
+    /// The tracked request ids.
+    fn request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let manager = self.manager();
+        let mut ids: Vec<_> = manager.request_ids().cloned().collect();
+        ids.sort();
+        let items = ids
+            .iter()
+            .map(|id| super::requests::request_id_to_py(py, id))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(py, items)
+    }
+
+    /// Walks the pool's structure and the block tables; raises ``InvariantError``.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.manager()
+            .check_invariants()
+            .map_err(|problems| error(py, ErrorKind::Invariant, problems.join("; ")))
+    }
+
+    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = super::requests::request_id(request_id)?;
+        Ok(self.manager().num_tokens(&id).is_ok())
+    }
+
+    fn __len__(&self) -> usize {
+        self.manager().num_requests()
+    }
+}
+
+#[allow(unused_imports)]
+use {request_id as _, request_ids as _};

@@ -1,0 +1,55 @@
+//! Request ids from Python: `str` or `int`.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyString};
+
+use super::convert::type_name;
+use super::errors::{error, ErrorKind};
+use crate::pool::RequestId;
+
+/// A request id: a `str` or an `int` (kept distinct).
+pub fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(RequestId::Str(s.to_str()?.into()));
+    }
+    if !obj.is_instance_of::<PyBool>() {
+        if let Ok(i) = obj.extract::<i64>() {
+            return Ok(RequestId::Int(i));
+        }
+    }
+    Err(error(
+        obj.py(),
+        ErrorKind::Dtype,
+        format!(
+            "a request id must be a str or an int, got {}",
+            type_name(obj)
+        ),
+    ))
+}
+
+/// Request ids from a sequence.
+pub fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
+    if obj.is_instance_of::<PyString>() {
+        return Err(error(
+            obj.py(),
+            ErrorKind::Dtype,
+            "request ids must be a sequence of ids, not one str",
+        ));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        error(
+            obj.py(),
+            ErrorKind::Dtype,
+            format!("request ids must be a sequence, got {}", type_name(obj)),
+        )
+    })?;
+    iter.map(|item| request_id(&item?)).collect()
+}
+
+/// The Python form of a request id.
+pub fn request_id_to_py<'py>(py: Python<'py>, id: &RequestId) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match id {
+        RequestId::Int(i) => i.into_pyobject(py)?.into_any(),
+        RequestId::Str(s) => PyString::new(py, s).into_any(),
+    })
+}

@@ -1,0 +1,34 @@
+//! Request (sequence) ids as engines spell them: vLLM uses strings, older
+//! schedulers integers. Both are accepted and kept distinct (`"1"` is not `1`).
+
+use std::fmt;
+
+/// A request or sequence id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RequestId {
+    /// An integer id.
+    Int(i64),
+    /// A string id.
+    Str(Box<str>),
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Int(i) => write!(f, "{i}"),
+            Self::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+impl From<i64> for RequestId {
+    fn from(id: i64) -> Self {
+        Self::Int(id)
+    }
+}
+
+impl From<&str> for RequestId {
+    fn from(id: &str) -> Self {
+        Self::Str(id.into())
+    }
+}

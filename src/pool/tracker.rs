@@ -1,0 +1,283 @@
+//! The computed-blocks tracker: per sequence, its tokens as they grow, its block
+//! hashes (incremental) and how many of its tokens are already computed in the
+//! prefix cache, so a scheduler charges only uncached tokens.
+//!
+//! The seven invariants (`docs/semantics.md`, "Computed-blocks tracker") and how
+//! this file keeps them:
+//! 1. Full blocks only, block-aligned, never the last token: the lookup is capped
+//!    at `(num_tokens - 1) / block_size` blocks.
+//! 2. A prefix: the count comes from the pool's longest-cache-hit scan, which
+//!    stops at the first miss.
+//! 3. Only blocks whose KV is present or will be written before it is read: the
+//!    pool's prefix map holds exactly blocks cached at allocation time, which the
+//!    allocating request's step writes before any later step reads them.
+//! 4. Fixed when the sequence's prefill starts ([`ComputedBlocksTracker::start`]),
+//!    and *recomputed on every query until then*, so blocks other sequences
+//!    computed while this one waited do count; its own chunks, cached after it
+//!    started, never inflate it. (The historic bug memoised the first answer of a
+//!    waiting sequence: after a first pass with no hits, every later pass said 0.)
+//! 5. Hashes are extended, never recomputed, with the pool's own hash chain.
+//! 6. [`ComputedBlocksTracker::reset`] (preemption) and
+//!    [`ComputedBlocksTracker::remove`] (free) drop the fixed count.
+//! 7. The tracker only reads the pool (`&BlockPool`), so it cannot change counts.
+
+use hashbrown::HashMap;
+
+use super::block_pool::BlockPool;
+use super::error::{PoolError, PoolResult};
+use super::hash_key::HashSlice;
+use super::hashing::{none_hash, BlockHasher, Digest, ExtraKeyInputs, HashAlgo, MmFeature};
+use super::request_id::RequestId;
+
+/// A sequence's request-level inputs to its block hashes' extra keys (owned).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SequenceExtras {
+    /// LoRA adapter `(name, path)`.
+    pub lora: Option<(String, String)>,
+    /// Cache salt (keys the first block only).
+    pub cache_salt: Option<String>,
+    /// Multimodal inputs, sorted by offset.
+    pub mm_features: Vec<MmFeature>,
+    /// Per-block SHA-256 digests of prompt embeddings, for prompt-embeds requests.
+    pub prompt_embed_digests: Option<Vec<[u8; 32]>>,
+}
+
+impl SequenceExtras {
+    /// The borrowed view the hasher reads.
+    pub fn inputs(&self) -> ExtraKeyInputs<'_> {
+        ExtraKeyInputs {
+            lora_name: self.lora.as_ref().map(|(name, _)| name.as_str()),
+            mm_features: &self.mm_features,
+            cache_salt: self.cache_salt.as_deref(),
+            prompt_embed_digests: self.prompt_embed_digests.as_deref(),
+        }
+    }
+
+    /// Fails if the multimodal inputs are not sorted by offset (vLLM assumes it).
+    pub fn validate(&self) -> PoolResult<()> {
+        if self
+            .mm_features
+            .windows(2)
+            .any(|w| w[0].offset > w[1].offset)
+        {
+            return Err(PoolError::InvalidArgument(
+                "multimodal features must be sorted by offset".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One tracked sequence.
+#[derive(Clone, Debug)]
+pub struct Sequence {
+    tokens: Vec<i64>,
+    num_prompt_tokens: usize,
+    hashes: Vec<u8>,
+    extras: SequenceExtras,
+    /// Computed tokens, fixed when the prefill started; `None` while waiting.
+    started_with: Option<usize>,
+}
+
+impl Sequence {
+    /// All token ids so far (prompt, then appended tokens).
+    pub fn tokens(&self) -> &[i64] {
+        &self.tokens
+    }
+
+    /// Number of prompt tokens (the tokens given when the sequence was added).
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+
+    /// The request-level extra-key inputs.
+    pub fn extras(&self) -> &SequenceExtras {
+        &self.extras
+    }
+
+    /// Whether the prefill has started (the computed count is fixed).
+    pub fn is_started(&self) -> bool {
+        self.started_with.is_some()
+    }
+}
+
+/// Tracks sequences' block hashes and computed-token counts against a pool.
+#[derive(Debug)]
+pub struct ComputedBlocksTracker {
+    block_size: usize,
+    hasher: BlockHasher,
+    none_hash: Digest,
+    seqs: HashMap<RequestId, Sequence>,
+}
+
+impl ComputedBlocksTracker {
+    /// A tracker hashing `block_size`-token blocks with `algo`, seeded with `seed`
+    /// (`NONE_HASH = H(seed)`; vLLM's default seed is `"vllm-none-hash"`).
+    pub fn new(block_size: usize, algo: HashAlgo, seed: &str) -> PoolResult<Self> {
+        if block_size == 0 {
+            return Err(PoolError::InvalidArgument(
+                "block_size must be at least 1".into(),
+            ));
+        }
+        Ok(Self {
+            block_size,
+            hasher: BlockHasher::new(algo),
+            none_hash: none_hash(algo, seed),
+            seqs: HashMap::new(),
+        })
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The hash algorithm.
+    pub fn algo(&self) -> HashAlgo {
+        self.hasher.algo()
+    }
+
+    /// `NONE_HASH`, the parent of every first block.
+    pub fn none_hash(&self) -> &[u8] {
+        &self.none_hash
+    }
+
+    /// Number of tracked sequences.
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// True when no sequence is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Whether `id` is tracked.
+    pub fn contains(&self, id: &RequestId) -> bool {
+        self.seqs.contains_key(id)
+    }
+
+    /// A tracked sequence.
+    pub fn get(&self, id: &RequestId) -> PoolResult<&Sequence> {
+        self.seqs
+            .get(id)
+            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))
+    }
+
+    fn get_mut(&mut self, id: &RequestId) -> PoolResult<&mut Sequence> {
+        self.seqs
+            .get_mut(id)
+            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))
+    }
+
+    /// Starts tracking a sequence with its prompt; hashes its full blocks.
+    pub fn add_sequence(
+        &mut self,
+        id: RequestId,
+        prompt: &[i64],
+        extras: SequenceExtras,
+    ) -> PoolResult<()> {
+        if self.seqs.contains_key(&id) {
+            return Err(PoolError::DuplicateRequest(id.to_string()));
+        }
+        extras.validate()?;
+        let mut seq = Sequence {
+            tokens: prompt.to_vec(),
+            num_prompt_tokens: prompt.len(),
+            hashes: Vec::new(),
+            extras,
+            started_with: None,
+        };
+        self.hasher.update_chain(
+            &self.none_hash,
+            &seq.tokens,
+            self.block_size,
+            &seq.extras.inputs(),
+            &mut seq.hashes,
+        );
+        self.seqs.insert(id, seq);
+        Ok(())
+    }
+
+    /// Appends tokens (a prefill chunk's or decode's) and hashes the blocks they
+    /// fill; returns how many new block hashes there are.
+    pub fn append_tokens(&mut self, id: &RequestId, tokens: &[i64]) -> PoolResult<usize> {
+        let block_size = self.block_size;
+        let seq = self
+            .seqs
+            .get_mut(id)
+            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
+        seq.tokens.extend_from_slice(tokens);
+        Ok(self.hasher.update_chain(
+            &self.none_hash,
+            &seq.tokens,
+            block_size,
+            &seq.extras.inputs(),
+            &mut seq.hashes,
+        ))
+    }
+
+    /// The sequence's block hashes so far (full blocks only).
+    pub fn block_hashes(&self, id: &RequestId) -> PoolResult<HashSlice<'_>> {
+        let seq = self.get(id)?;
+        HashSlice::new(&seq.hashes, self.hasher.algo().digest_len())
+    }
+
+    /// The longest run of the sequence's blocks cached in `pool` (group 0), never
+    /// covering its last token, appended to `out`; returns the computed tokens.
+    /// Ignores whether the sequence has started.
+    pub fn lookup_computed_blocks(
+        &self,
+        id: &RequestId,
+        pool: &BlockPool,
+        out: &mut Vec<u32>,
+    ) -> PoolResult<usize> {
+        let seq = self.get(id)?;
+        if !pool.config().enable_caching || seq.tokens.is_empty() {
+            return Ok(0);
+        }
+        let max_blocks = (seq.tokens.len() - 1) / self.block_size;
+        let hashes = HashSlice::new(&seq.hashes, self.hasher.algo().digest_len())?;
+        let hits = pool.find_longest_cache_hit(hashes, 0, Some(max_blocks), out)?;
+        Ok(hits * self.block_size)
+    }
+
+    /// Tokens of the sequence already computed: fixed once started, else looked up
+    /// afresh in `pool` (invariant 4).
+    pub fn num_computed_tokens(&self, id: &RequestId, pool: &BlockPool) -> PoolResult<usize> {
+        match self.get(id)?.started_with {
+            Some(n) => Ok(n),
+            None => self.lookup_computed_blocks(id, pool, &mut Vec::new()),
+        }
+    }
+
+    /// Marks the sequence's prefill as started with the count the pool gives now,
+    /// and returns it; a started sequence keeps its count.
+    pub fn start(&mut self, id: &RequestId, pool: &BlockPool) -> PoolResult<usize> {
+        let n = self.num_computed_tokens(id, pool)?;
+        self.start_with(id, n)?;
+        Ok(n)
+    }
+
+    /// Marks the sequence's prefill as started with `num_computed_tokens` (what the
+    /// scheduler used), unless it already started.
+    pub fn start_with(&mut self, id: &RequestId, num_computed_tokens: usize) -> PoolResult<()> {
+        let seq = self.get_mut(id)?;
+        seq.started_with.get_or_insert(num_computed_tokens);
+        Ok(())
+    }
+
+    /// Preemption: forgets the fixed count; the next query looks up afresh. Tokens
+    /// and hashes stay (they are a function of the tokens).
+    pub fn reset(&mut self, id: &RequestId) -> PoolResult<()> {
+        self.get_mut(id)?.started_with = None;
+        Ok(())
+    }
+
+    /// Stops tracking the sequence.
+    pub fn remove(&mut self, id: &RequestId) -> PoolResult<Sequence> {
+        self.seqs
+            .remove(id)
+            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))
+    }
+}

@@ -1,0 +1,282 @@
+"""The ``kvpool`` command line: options, output formats, and errors (exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvpool
+from kvpool.bench import Row, resolve_names
+from kvpool.cli import Progress, main
+
+HAVE_CORE = hasattr(kvpool, "BlockPool")  # conftest registers a bare package when not built
+needs_core = pytest.mark.skipif(not HAVE_CORE, reason="kvpool._core is not built")
+
+# The hand-worked trace of test_simulate.py (4 tokens per block): 16 blocks, 57 input tokens;
+# capacity 4 hits 7 blocks and evicts 3, unbounded hits 8.
+HAND = [([1, 2, 3], 10), ([1, 2, 4, 5], 15), ([1, 2, 3, 6, 7, 8], 22), ([1, 2, 3], 10)]
+SIM_KEYS = ["trace", "capacity_blocks", "requests", "blocks", "hit_blocks", "block_hit_ratio",
+            "token_hit_ratio", "evictions", "seconds"]
+
+
+@pytest.fixture
+def hand_trace(tmp_path: Path) -> Path:
+    path = tmp_path / "hand.jsonl"
+    path.write_text("".join(
+        json.dumps({"timestamp": i, "input_length": n, "output_length": 1, "hash_ids": ids}) + "\n"
+        for i, (ids, n) in enumerate(HAND)))
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``main(argv)``: exit status, stdout, stderr."""
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return status, out, err
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+# --------------------------------------------------------------------------------------------
+# Top level.
+# --------------------------------------------------------------------------------------------
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys)
+    assert status == 2 and "usage: kvpool" in err
+
+
+def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "--help")
+    assert status == 0 and "bench" in out and "simulate" in out
+    status, out, _ = run(capsys, "--version")
+    assert status == 0 and out.startswith("kvpool ")
+
+
+def test_python_dash_m(hand_trace: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "kvpool", "simulate", str(hand_trace), "--block-tokens", "4",
+                           "--impl", "reference", "--json"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json_lines(done.stdout)[0]["hit_blocks"] == 8
+    done = subprocess.run([sys.executable, "-m", "kvpool", "simulate", "/nonexistent/trace.jsonl"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert "cannot read the trace" in done.stderr and "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# simulate
+# --------------------------------------------------------------------------------------------
+
+
+@needs_core
+def test_simulate_json_sweep(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    status, out, err = run(capsys, "simulate", str(hand_trace), "--capacity-blocks", "4", "2",
+                           "--block-tokens", "4", "--json")
+    assert status == 0 and err == ""  # no progress bar: stderr is not a tty
+    rows = json_lines(out)
+    assert [list(r) for r in rows] == [SIM_KEYS, SIM_KEYS]
+    assert [(r["capacity_blocks"], r["hit_blocks"], r["evictions"]) for r in rows] == [(4, 7, 3), (2, 6, 0)]
+    assert rows[0]["trace"] == "hand.jsonl" and rows[0]["blocks"] == 16 and rows[0]["requests"] == 4
+    assert rows[0]["block_hit_ratio"] == round(7 / 16, 6)
+    assert rows[0]["token_hit_ratio"] == round(26 / 57, 6)
+
+
+@needs_core
+def test_simulate_defaults_to_unbounded(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--block-tokens", "4", "--json")
+    rows = json_lines(out)
+    assert status == 0 and len(rows) == 1
+    assert rows[0]["capacity_blocks"] is None and rows[0]["hit_blocks"] == 8 and rows[0]["evictions"] == 0
+
+
+@needs_core
+def test_simulate_unbounded_comes_last(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    _, out, _ = run(capsys, "simulate", str(hand_trace), "--unbounded", "--capacity-blocks", "4", "4", "1",
+                    "--block-tokens", "4", "--json")
+    assert [r["capacity_blocks"] for r in json_lines(out)] == [4, 1, None]  # duplicates dropped
+
+
+def test_simulate_reference_impl(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--capacity-blocks", "4", "--block-tokens", "4",
+                         "--impl", "reference", "--json")
+    assert status == 0 and json_lines(out)[0]["hit_blocks"] == 7
+
+
+def test_simulate_block_tokens_changes_token_ratio(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    # With the default 512 tokens per block every hit counts the request's whole input.
+    _, out, _ = run(capsys, "simulate", str(hand_trace), "--impl", "reference", "--json")
+    assert json_lines(out)[0]["token_hit_ratio"] == round((15 + 22 + 10) / 57, 6)
+
+
+@needs_core
+def test_simulate_table(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--capacity-blocks", "4", "--unbounded",
+                         "--block-tokens", "4")
+    lines = out.splitlines()
+    assert status == 0
+    assert lines[0] == "hand.jsonl: 4 requests, 16 blocks (8 distinct ids), 4 tokens per block"
+    assert lines[1].split() == ["capacity", "hit_blocks", "block_hit", "token_hit", "evictions", "pool_s"]
+    assert lines[2].split()[:5] == ["4", "7", "0.4375", f"{26 / 57:.4f}", "3"]
+    assert lines[3].split()[:5] == ["unbounded", "8", "0.5000", f"{30 / 57:.4f}", "0"]
+
+
+BAD_TRACES = [
+    ('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n{oops\n', "bad.jsonl:2: not valid JSON"),
+    ('{"timestamp": 0, "input_length": 1, "hash_ids": [1]}\n', "bad.jsonl:1: missing field 'output_length'"),
+    ('{"timestamp": 0, "input_length": -3, "output_length": 1, "hash_ids": [1]}\n', "bad.jsonl:1: 'input_length' must be >= 0"),
+    ('{"timestamp": 0, "input_length": 3, "output_length": -1, "hash_ids": [1]}\n', "bad.jsonl:1: 'output_length' must be >= 0"),
+    ("", "bad.jsonl: the trace is empty"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_TRACES)
+def test_simulate_bad_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    status, out, err = run(capsys, "simulate", str(path), "--impl", "reference")
+    assert status == 2 and out == ""
+    assert err.startswith("kvpool simulate: error: ") and message in err
+
+
+def test_simulate_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    status, _, err = run(capsys, "simulate", str(tmp_path / "none.jsonl"))
+    assert status == 2 and "none.jsonl: cannot read the trace: No such file or directory" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--capacity-blocks", "0"], "expected a positive integer, got 0"),
+        (["--capacity-blocks", "x"], "expected a positive integer, got 'x'"),
+        (["--capacity-blocks"], "expected at least one argument"),
+        (["--block-tokens", "-1"], "expected a positive integer"),
+        (["--impl", "vllm"], "invalid choice"),
+        (["--bogus"], "unrecognized arguments"),
+    ],
+)
+def test_simulate_bad_options(capsys: pytest.CaptureFixture[str], hand_trace: Path, args: list[str], message: str) -> None:
+    status, _, err = run(capsys, "simulate", str(hand_trace), *args)
+    assert status == 2 and message in err
+
+
+def test_simulate_needs_a_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(capsys, "simulate")
+    assert status == 2 and "TRACE" in err
+
+
+def test_simulate_plot_without_matplotlib(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                          hand_trace: Path, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    status, out, err = run(capsys, "simulate", str(hand_trace), "--impl", "reference", "--plot", str(tmp_path / "p.png"))
+    assert status == 2 and out == ""  # checked before the replay
+    assert "--plot needs matplotlib" in err and "pip install 'kvpool[plot]'" in err
+
+
+def test_simulate_plot(capsys: pytest.CaptureFixture[str], hand_trace: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "p.png"
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--impl", "reference", "--block-tokens", "4",
+                         "--plot", str(path), "--json")
+    rows = json_lines(out)
+    assert status == 0 and path.read_bytes()[:4] == b"\x89PNG"
+    assert len(rows) == 9 and rows[-1]["capacity_blocks"] is None  # default sweep + the ceiling
+
+
+# --------------------------------------------------------------------------------------------
+# The progress bar.
+# --------------------------------------------------------------------------------------------
+
+
+def test_progress_draws_and_erases() -> None:
+    stream = io.StringIO()
+    bar = Progress("capacity 10", 200, stream=stream, enabled=True, delay=0, interval=0)
+    bar(50)
+    bar(200)
+    assert stream.getvalue().count("\r") == 2
+    assert "capacity 10 [" in stream.getvalue() and "200/200" in stream.getvalue()
+    bar.close()
+    assert stream.getvalue().endswith("\r") and stream.getvalue().rstrip("\r").endswith(" ")
+
+
+def test_progress_off_when_not_a_tty_or_short() -> None:
+    stream = io.StringIO()  # not a tty
+    bar = Progress("x", 10, stream=stream, delay=0, interval=0)
+    bar(5)
+    bar.close()
+    short = Progress("x", 10, stream=stream, enabled=True, delay=60)  # a run shorter than delay
+    short(5)
+    short.close()
+    assert stream.getvalue() == ""
+
+
+# --------------------------------------------------------------------------------------------
+# bench
+# --------------------------------------------------------------------------------------------
+
+
+def test_bench_json_reference_only(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "bench", "--only", "serve-random", "--reps", "1", "--impl", "reference", "--json")
+    [obj] = json_lines(out)
+    assert status == 0
+    assert obj["workload"] == "serve-random" and obj["reps"] == 1
+    assert obj["params"] == {"requests": 100, "blocks_per_req": 44, "block_size": 16, "pool_blocks": 32768,
+                             "caching": False}
+    results = obj["results"]
+    assert [r["variant"] for r in results] == ["pool-per-request", "pool-batch", "pool-many"]
+    assert all(r["kvpool"] is None and r["ratio"] is None and r["reference"] > 0 for r in results)
+
+
+@needs_core
+def test_bench_table_both(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "bench", "--only", "W1", "--reps", "1")
+    lines = out.splitlines()
+    assert status == 0
+    assert lines[1].split() == ["workload", "variant", "metric", "kvpool", "reference", "ratio"]
+    assert lines[3].split()[:2] == ["serve-random", "pool-per-request"] and lines[3].endswith("x")
+    assert lines[-1].startswith("total wall time: ")
+
+
+@needs_core
+def test_bench_trace_option(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    status, out, _ = run(capsys, "bench", "--only", "trace-replay", "--trace", str(hand_trace), "--reps", "1", "--json")
+    [obj] = json_lines(out)
+    assert status == 0 and obj["params"]["trace"] == "hand.jsonl"
+    [total, rate, hit] = obj["results"]
+    assert (total["metric"], rate["metric"], hit["metric"]) == ("total_s", "requests_per_s", "hit_ratio")
+    assert hit["kvpool"] == hit["reference"] == 0.5  # 8 of 16 blocks: the pool never fills
+
+
+def test_bench_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    status, _, err = run(capsys, "bench", "--only", "serve-random,nope")
+    assert status == 2 and "unknown workload 'nope'" in err
+    status, _, err = run(capsys, "bench", "--reps", "0")
+    assert status == 2 and "positive integer" in err
+    status, _, err = run(capsys, "bench", "--trace", str(tmp_path / "none.jsonl"))
+    assert status == 2 and "cannot read the trace" in err
+    status, _, err = run(capsys, "bench", "--impl", "vllm")
+    assert status == 2 and "invalid choice" in err
+
+
+def test_resolve_names() -> None:
+    assert resolve_names(None) == ["serve-random", "prefix-warmup", "churn", "trace-replay"]
+    assert resolve_names("W4, churn,w1") == ["serve-random", "churn", "trace-replay"]  # canonical order
+    with pytest.raises(ValueError, match="unknown workload"):
+        resolve_names(",")
+
+
+def test_row_ratio() -> None:
+    assert Row("v", "us_per_req", "time", {"kvpool": 2.0, "reference": 10.0}).ratio() == 5.0
+    assert Row("v", "requests_per_s", "rate", {"kvpool": 10.0, "reference": 2.0}).ratio() == 5.0
+    assert Row("v", "hit_ratio", "value", {"kvpool": 0.5, "reference": 0.5}).ratio() is None
+    assert Row("v", "us_per_req", "time", {"kvpool": 2.0}).ratio() is None
