@@ -7,9 +7,12 @@ Block ids cross the boundary as numpy ``int32`` arrays, one call per batch.
 """
 
 from kvpool._core import (
+    BlockHasher,
+    BlockHashList,
     BlockPool,
     BlockStateError,
     CachingDisabledError,
+    ComputedBlocksTracker,
     DoubleFreeError,
     DtypeError,
     DuplicateRequestError,
@@ -17,20 +20,29 @@ from kvpool._core import (
     InvalidArgumentError,
     InvalidBlockIdError,
     InvariantError,
+    KVCacheManager,
     KVPoolError,
     NoFreeBlocksError,
+    StepResult,
     UnknownRequestError,
     __version__,
+    compute_none_hash,
+    encode_hash_input,
+    hash_value,
 )
+from kvpool.stats import PrefixCacheStats
 from kvpool.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 __all__ = [
     "AllBlocksCleared",
+    "BlockHashList",
+    "BlockHasher",
     "BlockPool",
     "BlockRemoved",
     "BlockStateError",
     "BlockStored",
     "CachingDisabledError",
+    "ComputedBlocksTracker",
     "DoubleFreeError",
     "DtypeError",
     "DuplicateRequestError",
@@ -39,8 +51,14 @@ __all__ = [
     "InvalidBlockIdError",
     "InvariantError",
     "KVCacheEvent",
+    "KVCacheManager",
     "KVPoolError",
     "NoFreeBlocksError",
+    "PrefixCacheStats",
+    "StepResult",
     "UnknownRequestError",
     "__version__",
+    "compute_none_hash",
+    "encode_hash_input",
+    "hash_value",
 ]

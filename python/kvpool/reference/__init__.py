@@ -1,0 +1,9 @@
+"""kvpool's semantics in plain Python, written for clarity, not speed.
+
+The test oracle (property tests drive it and the Rust classes with the same
+operations and compare every observable) and the benchmark baseline.
+"""
+
+from kvpool.reference.pool import BlockPool
+
+__all__ = ["BlockPool"]
