@@ -292,16 +292,6 @@ def test_byte_form_is_8_byte_big_endian() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_conversation_trace_under_200ms_of_pool_time() -> None:
-    """The whole 12,031-request trace replays in < 0.2 s of pool time at any capacity."""
-    if not HAVE_CORE:
-        pytest.skip("kvpool._core is not built")
-    trace = shared_trace("conversation_trace.jsonl")
-    capacities: Sequence[int | None] = [2_000, 5_860, 20_000, None]
-    best = {c: min(r.seconds for r in simulate(trace, [c] * 3)) for c in capacities}  # best of 3: noise
-    assert all(s < 0.2 for s in best.values()), best
-
-
 def test_seconds_exclude_preparation() -> None:
     """Converting the ids (done before the clock) is not counted in ``seconds``."""
     trace = synthetic_trace(2_000, seed=1)

@@ -150,8 +150,11 @@ impl KVCacheManager {
         pool_config.enable_events = config.enable_events;
         pool_config.hash_width = Some(config.hash_algo.digest_len());
         let pool = BlockPool::new(pool_config)?;
-        let tracker =
+        let mut tracker =
             ComputedBlocksTracker::new(config.block_size as usize, config.hash_algo, &config.seed)?;
+        if !config.enable_caching {
+            tracker.disable_hashing(); // as vLLM: no block hasher without prefix caching
+        }
         if config.max_model_len == Some(0) {
             return Err(PoolError::InvalidArgument(
                 "max_model_len must be at least 1".into(),

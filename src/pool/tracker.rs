@@ -108,6 +108,8 @@ pub struct ComputedBlocksTracker {
     hasher: BlockHasher,
     none_hash: Digest,
     seqs: HashMap<RequestId, Sequence>,
+    /// False for a manager without prefix caching: nothing would read the hashes.
+    hashing: bool,
 }
 
 impl ComputedBlocksTracker {
@@ -124,7 +126,14 @@ impl ComputedBlocksTracker {
             hasher: BlockHasher::new(algo),
             none_hash: none_hash(algo, seed),
             seqs: HashMap::new(),
+            hashing: true,
         })
+    }
+
+    /// Stops hashing blocks (for a pool without prefix caching, where no hash is
+    /// ever read): sequences then have no block hashes and never a computed token.
+    pub fn disable_hashing(&mut self) {
+        self.hashing = false;
     }
 
     /// Tokens per block.
@@ -181,20 +190,26 @@ impl ComputedBlocksTracker {
             return Err(PoolError::DuplicateRequest(id.to_string()));
         }
         extras.validate()?;
+        // Room for the tokens a decode adds, so the first appends do not copy the prompt.
+        let mut tokens = Vec::with_capacity(prompt.len() + (prompt.len() / 2).max(64));
+        tokens.extend_from_slice(prompt);
         let mut seq = Sequence {
-            tokens: prompt.to_vec(),
+            tokens,
             num_prompt_tokens: prompt.len(),
             hashes: Vec::new(),
             extras,
             started_with: None,
         };
-        self.hasher.update_chain(
-            &self.none_hash,
-            &seq.tokens,
-            self.block_size,
-            &seq.extras.inputs(),
-            &mut seq.hashes,
-        );
+        if self.hashing {
+            let inputs = seq.extras.inputs();
+            self.hasher.update_chain(
+                &self.none_hash,
+                &seq.tokens,
+                self.block_size,
+                &inputs,
+                &mut seq.hashes,
+            );
+        }
         self.seqs.insert(id, seq);
         Ok(())
     }
@@ -208,6 +223,9 @@ impl ComputedBlocksTracker {
             .get_mut(id)
             .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
         seq.tokens.extend_from_slice(tokens);
+        if !self.hashing {
+            return Ok(0);
+        }
         Ok(self.hasher.update_chain(
             &self.none_hash,
             &seq.tokens,

@@ -4,6 +4,7 @@ The test oracle (property tests drive it and the Rust classes with the same
 operations and compare every observable) and the benchmark baseline.
 """
 
+from kvpool.reference.manager import KVCacheManager, StepResult
 from kvpool.reference.pool import BlockPool
 
-__all__ = ["BlockPool"]
+__all__ = ["BlockPool", "KVCacheManager", "StepResult"]

@@ -1,0 +1,801 @@
+"""A plain-Python ``KVCacheManager`` with exactly the API of ``kvpool._core.KVCacheManager``.
+
+Written for clarity, not speed: the oracle the Rust manager is tested against. It keeps, per
+request, its tokens, its block hashes (full blocks only), its block table, how many of those
+blocks are in the prefix cache and how many tokens count as computed; all blocks live in a
+``kvpool.reference.BlockPool`` (null block 0, hash width fixed to the hash algorithm's digest).
+
+Semantics (``docs/semantics.md``, "Per-request manager"; vLLM's v1 ``KVCacheManager`` for one
+full-attention group):
+
+* ``get_computed_blocks``: the longest prefix-cache hit, capped at ``num_tokens - 1`` tokens,
+  block-aligned; recorded in the statistics; never changes reference counts.
+* ``allocate_slots``: all or nothing. Needs ``ceil((computed + new + lookahead) / block_size)``
+  blocks (capped by ``max_model_len``) minus those held and hit, plus the hits whose count is 0
+  (touching takes them out of the free queue). If the pool is short it returns ``None`` and
+  changes nothing; else it touches the hits, allocates the rest and caches the blocks that
+  became full within ``min(computed + new, num_tokens)`` tokens (lookahead never).
+* ``free``: the request's blocks in reverse order (tail evicted first); ``preempt``: the same,
+  and the request restarts from zero computed tokens.
+
+Every method validates all of its input, in the order the Rust binding does, before it changes
+anything, so a call that raises leaves the manager exactly as it was.
+
+Example::
+
+    >>> m = KVCacheManager(8, 4)
+    >>> m.add_request("a", list(range(10)))
+    >>> m.allocate_slots("a", 10).tolist()          # 3 blocks; the first 2 become cached
+    [1, 2, 3]
+    >>> m.add_request("b", list(range(10)))
+    >>> blocks, hit = m.get_computed_blocks("b")    # "b" hits "a"'s full blocks
+    >>> blocks.tolist(), hit
+    ([1, 2], 8)
+    >>> m.allocate_slots("b", 2, num_new_computed_tokens=hit, new_computed_blocks=blocks).tolist()
+    [4]
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvpool._errors import (
+    HAVE_CORE,
+    BlockStateError,
+    CachingDisabledError,
+    DtypeError,
+    HashWidthError,
+    InvalidArgumentError,
+    InvalidBlockIdError,
+    InvariantError,
+    KVPoolError,
+)
+from kvpool.reference.pool import BlockPool
+from kvpool.stats import PrefixCacheStats
+
+if TYPE_CHECKING or HAVE_CORE:
+    from kvpool._core import DuplicateRequestError, UnknownRequestError
+else:  # a source checkout without the extension: same names and bases as in _core.pyi
+
+    class UnknownRequestError(KVPoolError, KeyError):
+        """A request id that the manager does not track."""
+
+    class DuplicateRequestError(KVPoolError, ValueError):
+        """A request id that the manager already tracks."""
+
+    UnknownRequestError.__module__ = DuplicateRequestError.__module__ = "kvpool"
+
+__all__ = ["KVCacheManager", "StepResult"]
+
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+MAX_NUM_BLOCKS = 2**31 - 1
+MAX_BLOCK_SIZE = 2**32 - 1
+MAX_STATS_WINDOW = 2**32
+DEFAULT_STATS_WINDOW = 1000
+DEFAULT_HASH_ALGO = "sha256_cbor"
+DEFAULT_SEED = "vllm-none-hash"
+DIGEST_SIZES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16}
+
+RequestId = str | int
+IntArray = npt.NDArray[np.int64]
+
+
+# --------------------------------------------------------------------------------------------
+# Block hashing: the one seam to another module.
+# --------------------------------------------------------------------------------------------
+
+HashFn = Callable[..., list[bytes]]  # (token_ids, *, lora, cache_salt, mm_features, prompt_embed_digests)
+
+
+def _make_hash_fn(block_size: int, hash_algo: str, seed: str) -> HashFn:
+    """The block-hash chain of a token list, as ``list[bytes]`` (full blocks only).
+
+    Uses the plain-Python ``kvpool.reference.hashing.BlockHasher`` when it exists, else the
+    Rust ``kvpool.BlockHasher``. (Drop the fallback once ``reference/hashing.py`` has landed.)
+    """
+    try:
+        hashing: Any = importlib.import_module("kvpool.reference.hashing")
+    except ModuleNotFoundError as exc:
+        if exc.name != "kvpool.reference.hashing":
+            raise
+        rust: Any = importlib.import_module("kvpool._core").BlockHasher(block_size, hash_algo=hash_algo, seed=seed)
+        return lambda tokens, **extras: list(rust.hash_tokens(tokens, **extras).to_list())
+    reference: Any = hashing.BlockHasher(block_size, hash_algo=hash_algo, seed=seed)
+    return lambda tokens, **extras: list(reference.hash_tokens(tokens, **extras))
+
+
+# --------------------------------------------------------------------------------------------
+# Argument conversion, mirroring the Rust binding (``src/bindings/convert.rs``,
+# ``requests.rs``, ``hashing.rs::extract_extras``). None of these looks at the manager.
+# --------------------------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    """An int the binding would take: Python ``int`` (bools included) or a numpy integer."""
+    return isinstance(value, (int, np.integer))
+
+
+def _int_arg(value: Any, name: str, low: int, high: int) -> int:
+    """``value`` as an int in ``low..=high``: ``DtypeError`` if not an int, else ``InvalidArgumentError``."""
+    if not _is_int(value):
+        raise DtypeError(f"{name} must be an int, got {type(value).__name__}")
+    v = int(value)
+    if not low <= v <= high:
+        raise InvalidArgumentError(f"{name} must be in {low}..={high}, got {v}")
+    return v
+
+
+def _opt_int_arg(value: Any, name: str, low: int, high: int) -> int | None:
+    return None if value is None else _int_arg(value, name, low, high)
+
+
+def _opt_bool_arg(value: Any, name: str, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise DtypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _i64_list(values: Any, name: str) -> list[int]:
+    """A 1-D numpy integer array or an iterable of ints (not a str/bytes), as ints in int64."""
+    bad = DtypeError(f"{name} must be a 1-D numpy integer array or a sequence of ints, got {type(values).__name__}")
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or values.dtype.kind not in "iu":
+            raise bad
+        out = [int(v) for v in values.tolist()]
+        if values.dtype.kind == "u" and any(v > I64_MAX for v in out):
+            raise InvalidArgumentError(f"{name} holds integers beyond int64")
+        return out
+    if isinstance(values, (str, bytes, bytearray)):
+        raise bad
+    try:
+        items = list(values)
+    except TypeError:
+        raise bad from None
+    out = []
+    for item in items:
+        if not _is_int(item):
+            raise bad
+        v = int(item)
+        if not I64_MIN <= v <= I64_MAX:
+            raise InvalidArgumentError(f"{name} holds an integer beyond int64")
+        out.append(v)
+    return out
+
+
+def _block_ids(values: Any, num_blocks: int) -> list[int]:
+    """Block ids in ``0..num_blocks`` (``InvalidBlockIdError`` otherwise)."""
+    ids = _i64_list(values, "block ids")
+    for block_id in ids:
+        if not 0 <= block_id < num_blocks:
+            raise InvalidBlockIdError(f"block id {block_id} is out of range for a pool of {num_blocks} blocks")
+    return ids
+
+
+def _request_id(value: Any) -> RequestId:
+    """A request id: a ``str``, or an int in int64 (not a bool); ``"1"`` and ``1`` differ."""
+    if isinstance(value, str):
+        return value
+    if _is_int(value) and not isinstance(value, (bool, np.bool_)) and I64_MIN <= int(value) <= I64_MAX:
+        return int(value)
+    raise DtypeError(f"a request id must be a str or an int, got {type(value).__name__}")
+
+
+def _request_ids(values: Any) -> list[RequestId]:
+    if isinstance(values, str):
+        raise DtypeError("request ids must be a sequence of ids, not one str")
+    try:
+        items = list(values)
+    except TypeError:
+        raise DtypeError(f"request ids must be a sequence, got {type(values).__name__}") from None
+    return [_request_id(item) for item in items]
+
+
+def _per_request(value: Any, name: str, n: int) -> list[int]:
+    """A count per request: one int for all, or one per request; each >= 0."""
+    if _is_int(value) and I64_MIN <= int(value) <= I64_MAX:
+        if int(value) < 0:
+            raise InvalidArgumentError(f"{name} must be >= 0")
+        return [int(value)] * n
+    counts = _i64_list(value, name)
+    if len(counts) != n:
+        raise InvalidArgumentError(f"{name} has {len(counts)} entries for {n} requests")
+    if any(c < 0 for c in counts):
+        raise InvalidArgumentError(f"{name} must be >= 0")
+    return counts
+
+
+def _segments(token_ids: Any, offsets: Any, n: int) -> tuple[list[int], list[int]]:
+    """A flat token list cut into ``n`` segments by ``offsets`` (one token each when None)."""
+    tokens = _i64_list(token_ids, "token_ids")
+    cuts = list(range(len(tokens) + 1)) if offsets is None else _i64_list(offsets, "offsets")
+    if len(cuts) != n + 1:
+        raise InvalidArgumentError(f"{max(len(cuts) - 1, 0)} segments of token ids for {n} ids")
+    ok = cuts[0] == 0 and cuts[-1] == len(tokens) and all(a <= b for a, b in zip(cuts, cuts[1:]))
+    if not ok:
+        raise InvalidArgumentError(f"offsets must start at 0, never decrease and end at {len(tokens)}")
+    return tokens, cuts
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """A request's inputs to its block hashes' extra keys, validated."""
+
+    lora: tuple[str, str] | None = None
+    cache_salt: str | None = None
+    mm_features: tuple[tuple[str, int, int], ...] | None = None
+    prompt_embed_digests: tuple[bytes, ...] | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {
+            "lora": self.lora,
+            "cache_salt": self.cache_salt,
+            "mm_features": None if self.mm_features is None else list(self.mm_features),
+            "prompt_embed_digests": None if self.prompt_embed_digests is None else list(self.prompt_embed_digests),
+        }
+
+
+def _extras(lora: Any, cache_salt: Any, mm_features: Any, prompt_embed_digests: Any) -> _Extras:
+    """Validate the extra-key arguments as ``add_request`` takes them."""
+    pair: tuple[str, str] | None = None
+    if lora is not None:
+        if not (isinstance(lora, tuple) and len(lora) == 2 and all(isinstance(s, str) for s in lora)):
+            raise DtypeError(f"lora must be a (name, path) tuple of str, got {type(lora).__name__}")
+        pair = (lora[0], lora[1])
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise DtypeError(f"cache_salt must be a str, got {type(cache_salt).__name__}")
+    features: tuple[tuple[str, int, int], ...] | None = None
+    if mm_features is not None:
+        try:
+            items = list(mm_features)
+        except TypeError:
+            raise DtypeError("mm_features must be a sequence") from None
+        out = []
+        for item in items:
+            if not (
+                isinstance(item, tuple)
+                and len(item) == 3
+                and isinstance(item[0], str)
+                and _is_int(item[1])
+                and _is_int(item[2])
+            ):
+                raise DtypeError(
+                    "each mm feature must be an (identifier: str, offset: int, length: int) tuple, "
+                    f"got {type(item).__name__}"
+                )
+            if int(item[1]) < 0 or int(item[2]) < 0:
+                raise InvalidArgumentError("mm feature offset and length must be >= 0")
+            out.append((item[0], int(item[1]), int(item[2])))
+        features = tuple(out)
+    digests: tuple[bytes, ...] | None = None
+    if prompt_embed_digests is not None:
+        try:
+            items = list(prompt_embed_digests)  # a bare bytes/str iterates to ints/strs: rejected below
+        except TypeError:
+            raise DtypeError("prompt_embed_digests must be a sequence of bytes") from None
+        for item in items:
+            if not isinstance(item, bytes):
+                raise DtypeError(f"prompt embed digests must be bytes, got {type(item).__name__}")
+            if len(item) != 32:
+                raise HashWidthError(f"a prompt embed digest must be 32 bytes, got {len(item)}")
+        digests = tuple(items)
+    if features is not None and any(a[1] > b[1] for a, b in zip(features, features[1:])):
+        raise InvalidArgumentError("multimodal features must be sorted by offset")
+    return _Extras(pair, cache_salt, features, digests)
+
+
+# --------------------------------------------------------------------------------------------
+# The manager.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What ``KVCacheManager.schedule_step`` did, per request in order.
+
+    Request ``i``'s new blocks are ``block_ids[offsets[i]:offsets[i + 1]]``.
+    """
+
+    block_ids: npt.NDArray[np.int32]
+    offsets: npt.NDArray[np.int64]
+    num_scheduled_tokens: npt.NDArray[np.int64]
+    num_hit_tokens: npt.NDArray[np.int64]
+    allocated: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return len(self.allocated)
+
+
+@dataclass
+class _Request:
+    """One tracked request."""
+
+    tokens: list[int]
+    extras: _Extras
+    block_hashes: list[bytes]
+    lora_id: int | None
+    blocks: list[int] = field(default_factory=list)  # the block table
+    num_cached_blocks: int = 0  # blocks[:num_cached_blocks] hold this request's hashes
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def waiting(self) -> bool:
+        """Not started (or preempted): no blocks and nothing computed."""
+        return not self.blocks and self.num_computed_tokens == 0
+
+
+class KVCacheManager:
+    """The per-request block manager a scheduler calls (vLLM's ``KVCacheManager``, pure Python)."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_caching: bool | None = None,
+        hash_algo: str | None = None,
+        seed: str | None = None,
+        enable_events: bool | None = None,
+        max_model_len: int | None = None,
+        stats_window: int | None = None,
+    ) -> None:
+        """Build a manager over a fresh pool of ``num_blocks`` blocks (block 0 is the null block).
+
+        Defaults: caching on, ``sha256_cbor``, seed ``"vllm-none-hash"``, events off, no
+        ``max_model_len``, statistics window of 1000 lookups.
+        """
+        num_blocks = _int_arg(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
+        block_size = _int_arg(block_size, "block_size", 1, MAX_BLOCK_SIZE)
+        caching = _opt_bool_arg(enable_caching, "enable_caching", True)
+        algo = DEFAULT_HASH_ALGO if hash_algo is None else hash_algo
+        if not isinstance(algo, str):
+            raise DtypeError(f"hash_algo must be a str, got {type(algo).__name__}")
+        if algo not in DIGEST_SIZES:
+            raise InvalidArgumentError(
+                f"unknown hash_algo {algo!r}: expected one of sha256, sha256_cbor, xxhash, xxhash_cbor"
+            )
+        if seed is not None and not isinstance(seed, str):
+            raise DtypeError(f"seed must be a str, got {type(seed).__name__}")
+        events = _opt_bool_arg(enable_events, "enable_events", False)
+        max_len = _opt_int_arg(max_model_len, "max_model_len", 1, I64_MAX)
+        window = _opt_int_arg(stats_window, "stats_window", 0, MAX_STATS_WINDOW)
+
+        self.pool = BlockPool(
+            num_blocks,
+            enable_caching=caching,
+            null_block=True,
+            enable_events=events,
+            block_size=block_size,
+            hash_width=DIGEST_SIZES[algo],
+        )
+        self._block_size = block_size
+        self._hash_algo = algo
+        self._hash = _make_hash_fn(block_size, algo, DEFAULT_SEED if seed is None else seed)
+        self._max_model_len = max_len  # None: no cap
+        self._requests: dict[RequestId, _Request] = {}
+        self._stats = PrefixCacheStats(0, 0, 0, 0)
+        self._window_len = DEFAULT_STATS_WINDOW if window is None else window
+        self._window: deque[tuple[int, int]] = deque()  # (queries, hits) of recent lookups
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the pool (block 0 is the null block)."""
+        return self.pool.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self._block_size
+
+    @property
+    def enable_caching(self) -> bool:
+        """Whether the prefix cache is on."""
+        return self.pool.enable_caching
+
+    @property
+    def hash_algo(self) -> str:
+        """The block hash algorithm."""
+        return self._hash_algo
+
+    def __repr__(self) -> str:
+        return (
+            f"reference.KVCacheManager(num_blocks={self.num_blocks}, block_size={self._block_size}, "
+            f"requests={len(self._requests)}, free={self.pool.get_num_free_blocks()})"
+        )
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _get(self, request_id: RequestId) -> _Request:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise UnknownRequestError(f"unknown request id {request_id!r}") from None
+
+    def add_request(
+        self,
+        request_id: RequestId,
+        prompt_token_ids: Any,
+        *,
+        lora: tuple[str, str] | None = None,
+        lora_id: int | None = None,
+        cache_salt: str | None = None,
+        mm_features: Sequence[tuple[str, int, int]] | None = None,
+        prompt_embed_digests: Sequence[bytes] | None = None,
+    ) -> None:
+        """Track a request with its prompt (at least one token) and hash its full blocks.
+
+        ``lora`` is ``(name, path)``; ``lora_id`` and the LoRA name go into ``BlockStored``
+        events. Raises ``DtypeError`` / ``InvalidArgumentError`` / ``HashWidthError`` for bad
+        arguments, ``DuplicateRequestError`` for a tracked id, ``InvalidArgumentError`` for an
+        empty prompt.
+        """
+        rid = _request_id(request_id)
+        extras = _extras(lora, cache_salt, mm_features, prompt_embed_digests)
+        lora_int = _opt_int_arg(lora_id, "lora_id", I64_MIN, I64_MAX)
+        tokens = _i64_list(prompt_token_ids, "prompt_token_ids")
+        if rid in self._requests:
+            raise DuplicateRequestError(f"request id {rid!r} is already tracked")
+        if not tokens:
+            raise InvalidArgumentError("a request needs at least one prompt token")
+        self._requests[rid] = _Request(
+            tokens=tokens,
+            extras=extras,
+            block_hashes=self._hash(tokens, **extras.as_kwargs()),
+            lora_id=lora_int,
+        )
+
+    def append_token_ids(self, request_id: RequestId, token_ids: Any) -> None:
+        """Append generated (or newly known) tokens; the blocks they fill get hashed."""
+        rid = _request_id(request_id)
+        tokens = _i64_list(token_ids, "token_ids")
+        self._append(self._get(rid), tokens)
+
+    def append_token_ids_many(self, request_ids: Sequence[RequestId], token_ids: Any, offsets: Any = None) -> None:
+        """Segment ``i`` of ``token_ids`` (cut by ``offsets``; one token each when None) goes to
+        ``request_ids[i]``. All ids are checked before anything is appended."""
+        rids = _request_ids(request_ids)
+        tokens, cuts = _segments(token_ids, offsets, len(rids))
+        requests = [self._get(rid) for rid in rids]
+        for request, start, end in zip(requests, cuts, cuts[1:]):
+            self._append(request, tokens[start:end])
+
+    def _append(self, request: _Request, tokens: list[int]) -> None:
+        request.tokens.extend(tokens)
+        # Hashes are chained and cover full blocks only, so rehashing keeps the old ones as a prefix.
+        request.block_hashes = self._hash(request.tokens, **request.extras.as_kwargs())
+
+    def get_block_ids(self, request_id: RequestId) -> npt.NDArray[np.int32]:
+        """The request's block table (int32)."""
+        return np.array(self._get(_request_id(request_id)).blocks, dtype=np.int32)
+
+    def get_block_hashes(self, request_id: RequestId) -> list[bytes]:
+        """The request's block hashes (full blocks)."""
+        return list(self._get(_request_id(request_id)).block_hashes)
+
+    def get_num_tokens(self, request_id: RequestId) -> int:
+        """The request's number of tokens so far."""
+        return len(self._get(_request_id(request_id)).tokens)
+
+    def get_num_computed_tokens(self, request_id: RequestId) -> int:
+        """Tokens counted as computed (advanced by each allocation, reset by preemption)."""
+        return self._get(_request_id(request_id)).num_computed_tokens
+
+    def set_num_computed_tokens(self, request_id: RequestId, num_computed_tokens: int) -> None:
+        """Set the computed tokens (e.g. after rejected speculative tokens); at most the slots held."""
+        rid = _request_id(request_id)
+        n = _int_arg(num_computed_tokens, "num_computed_tokens", 0, I64_MAX)
+        request = self._get(rid)
+        slots = len(request.blocks) * self._block_size
+        if n > slots:
+            raise InvalidArgumentError(f"{n} computed tokens exceed the {slots} slots the request holds")
+        request.num_computed_tokens = n
+
+    def request_ids(self) -> tuple[RequestId, ...]:
+        """The tracked request ids: ints ascending, then strs ascending."""
+        ints = sorted(rid for rid in self._requests if isinstance(rid, int))
+        strs = sorted(rid for rid in self._requests if isinstance(rid, str))
+        return (*ints, *strs)
+
+    def __contains__(self, request_id: object) -> bool:
+        return _request_id(request_id) in self._requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    # -- prefix hits --------------------------------------------------------------------------
+
+    def get_computed_blocks(self, request_id: RequestId) -> tuple[npt.NDArray[np.int32], int]:
+        """The longest prefix-cache hit, capped below the last token: ``(block_ids, tokens)``.
+
+        Recorded in the statistics (when caching is on). Never changes reference counts.
+        """
+        request = self._get(_request_id(request_id))
+        hit = self._lookup(request)
+        return np.array(hit, dtype=np.int32), len(hit) * self._block_size
+
+    def _lookup(self, request: _Request) -> list[int]:
+        if not self.pool.enable_caching:
+            return []
+        max_blocks = (len(request.tokens) - 1) // self._block_size
+        hit = [int(b) for b in self.pool.find_longest_cache_hit(request.block_hashes, max_blocks=max_blocks)]
+        self._record(len(request.tokens), len(hit) * self._block_size, request.num_preemptions > 0)
+        return hit
+
+    def _record(self, queries: int, hits: int, preempted: bool) -> None:
+        s = self._stats
+        self._stats = PrefixCacheStats(
+            requests=s.requests + 1,
+            queries=s.queries + queries,
+            hits=s.hits + hits,
+            preempted_requests=s.preempted_requests + int(preempted),
+        )
+        if self._window_len > 0:
+            if len(self._window) == self._window_len:
+                self._window.popleft()
+            self._window.append((queries, hits))
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Statistics over every lookup since the start (or the last successful reset)."""
+        return self._stats
+
+    @property
+    def recent_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Statistics over the last ``stats_window`` lookups (``preempted_requests`` is 0)."""
+        return PrefixCacheStats(
+            requests=len(self._window),
+            queries=sum(q for q, _ in self._window),
+            hits=sum(h for _, h in self._window),
+        )
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request_id: RequestId,
+        num_new_tokens: int,
+        *,
+        num_new_computed_tokens: int | None = None,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int | None = None,
+    ) -> npt.NDArray[np.int32] | None:
+        """Allocate slots for ``num_new_tokens`` (plus lookahead), first taking the prefix hit
+        ``new_computed_blocks`` (``num_new_computed_tokens`` tokens) of a request starting now.
+
+        Returns the new block ids (int32), or ``None`` (nothing changed) when the pool is short.
+        """
+        rid = _request_id(request_id)
+        num_new = _int_arg(num_new_tokens, "num_new_tokens", 0, I64_MAX)
+        num_hit = _opt_int_arg(num_new_computed_tokens, "num_new_computed_tokens", 0, I64_MAX) or 0
+        lookahead = _opt_int_arg(num_lookahead_tokens, "num_lookahead_tokens", 0, I64_MAX) or 0
+        hits = [] if new_computed_blocks is None else _block_ids(new_computed_blocks, self.num_blocks)
+        new_blocks = self._allocate(self._get(rid), num_new, num_hit, hits, lookahead)
+        return None if new_blocks is None else np.array(new_blocks, dtype=np.int32)
+
+    def _allocate(
+        self, request: _Request, num_new: int, num_hit: int, hits: list[int], lookahead: int
+    ) -> list[int] | None:
+        """``allocate_slots`` on validated arguments: the new blocks, or ``None`` if short."""
+        bs = self._block_size
+        if num_new == 0 and num_hit == 0:
+            raise InvalidArgumentError("num_new_tokens must be greater than 0 when there are no new computed tokens")
+        if num_hit != len(hits) * bs:
+            raise InvalidArgumentError(
+                f"num_new_computed_tokens ({num_hit}) must be {len(hits) * bs} for {len(hits)} new computed blocks"
+            )
+        if hits:
+            self._check_hits(request, hits)
+
+        num_computed = request.num_computed_tokens + num_hit
+        need = num_computed + num_new + lookahead
+        if self._max_model_len is not None:
+            need = min(need, self._max_model_len)
+        required_blocks = -(-need // bs)
+        to_allocate = max(required_blocks - len(request.blocks) - len(hits), 0)
+        # Hits sitting in the free queue leave it when touched: they count against the free blocks.
+        evictable_hits = sum(1 for b in hits if self.pool.ref_count(b) == 0 and b != self.pool.null_block)
+        if to_allocate + evictable_hits > self.pool.get_num_free_blocks():
+            return None
+
+        self.pool.touch(hits)
+        new_blocks = [int(b) for b in self.pool.get_new_blocks(to_allocate)]
+        if hits:
+            request.blocks.extend(hits)
+            request.num_cached_blocks = len(request.blocks)
+        request.blocks.extend(new_blocks)
+        request.num_computed_tokens = num_computed + num_new
+        if self.pool.enable_caching:
+            self._cache_blocks(request, min(num_computed + num_new, len(request.tokens)))
+        return new_blocks
+
+    def _check_hits(self, request: _Request, hits: list[int]) -> None:
+        """Hits must be, in order, cached blocks holding this request's hashes, and the request
+        must not have started."""
+        if not self.pool.enable_caching:
+            raise CachingDisabledError("prefix caching is disabled for this pool (enable_caching=False)")
+        if not request.waiting:
+            raise InvalidArgumentError("new_computed_blocks are only accepted for a request that has not started")
+        if len(hits) > len(request.block_hashes):
+            raise InvalidArgumentError(
+                f"{len(hits)} new computed blocks but the request has only {len(request.block_hashes)} full blocks"
+            )
+        for i, block_id in enumerate(hits):
+            if self.pool.block_hash(block_id) != (request.block_hashes[i], 0):
+                raise BlockStateError(f"block {block_id} is not the cached block of this request's prefix at its position")
+
+    def _cache_blocks(self, request: _Request, num_tokens: int) -> None:
+        """Enter the request's blocks that are full within its first ``num_tokens`` tokens."""
+        num_full = min(num_tokens // self._block_size, len(request.block_hashes), len(request.blocks))
+        if num_full <= request.num_cached_blocks:
+            return
+        self.pool.cache_full_blocks(
+            request.blocks,
+            request.block_hashes,
+            request.num_cached_blocks,
+            num_full,
+            token_ids=request.tokens if self.pool.enable_events else None,
+            lora_id=request.lora_id,
+            lora_name=None if request.extras.lora is None else request.extras.lora[0],
+        )
+        request.num_cached_blocks = num_full
+
+    def schedule_step(
+        self,
+        request_ids: Sequence[RequestId],
+        num_new_tokens: Any,
+        *,
+        num_lookahead_tokens: Any = None,
+        stop_at_first_failure: bool | None = None,
+    ) -> StepResult:
+        """One scheduler step: for each request in order, a waiting one looks up its prefix hit
+        and schedules ``min(num_new_tokens[i], num_tokens - hit)``; a running one schedules
+        ``num_new_tokens[i]``; then slots are allocated as by ``allocate_slots``.
+
+        A request that does not fit (or has nothing to schedule) gets ``allocated[i] == False``
+        and, with ``stop_at_first_failure``, ends the step. Unknown ids fail the whole call
+        before anything changes.
+        """
+        rids = _request_ids(request_ids)
+        stop = _opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", False)
+        budgets = _per_request(num_new_tokens, "num_new_tokens", len(rids))
+        lookaheads = (
+            [0] * len(rids)
+            if num_lookahead_tokens is None
+            else _per_request(num_lookahead_tokens, "num_lookahead_tokens", len(rids))
+        )
+        requests = [self._get(rid) for rid in rids]
+
+        block_ids: list[int] = []
+        offsets = [0]
+        scheduled: list[int] = []
+        hit_tokens: list[int] = []
+        allocated: list[bool] = []
+        stopped = False
+        for request, budget, lookahead in zip(requests, budgets, lookaheads):
+            num_new, num_hit, ok = 0, 0, False
+            if not stopped:
+                hits: list[int] = []
+                num_new = budget
+                if request.waiting:
+                    hits = self._lookup(request)
+                    num_hit = len(hits) * self._block_size
+                    num_new = min(budget, len(request.tokens) - num_hit)
+                new_blocks = None
+                if num_new + num_hit > 0:
+                    new_blocks = self._allocate(request, num_new, num_hit, hits, lookahead)
+                ok = new_blocks is not None
+                if new_blocks is not None:
+                    block_ids.extend(new_blocks)
+                else:
+                    num_new, num_hit = 0, 0
+                    stopped = stop
+            scheduled.append(num_new if ok else 0)
+            hit_tokens.append(num_hit)
+            allocated.append(ok)
+            offsets.append(len(block_ids))
+        return StepResult(
+            block_ids=np.array(block_ids, dtype=np.int32),
+            offsets=np.array(offsets, dtype=np.int64),
+            num_scheduled_tokens=np.array(scheduled, dtype=np.int64),
+            num_hit_tokens=np.array(hit_tokens, dtype=np.int64),
+            allocated=np.array(allocated, dtype=np.bool_),
+        )
+
+    # -- freeing ------------------------------------------------------------------------------
+
+    def free(self, request_id: RequestId) -> None:
+        """Free a finished request's blocks (tail first) and forget it."""
+        rid = _request_id(request_id)
+        self._release(self._get(rid))
+        del self._requests[rid]
+
+    def free_many(self, request_ids: Sequence[RequestId]) -> None:
+        """Free several requests in order; all must be known and distinct (checked first)."""
+        rids = _request_ids(request_ids)
+        for rid in rids:
+            self._get(rid)
+        seen: set[RequestId] = set()
+        for rid in rids:
+            if rid in seen:
+                raise InvalidArgumentError(f"request {rid!r} appears twice")
+            seen.add(rid)
+        for rid in rids:
+            self.free(rid)
+
+    def preempt(self, request_id: RequestId) -> None:
+        """Free the request's blocks (tail first); it keeps its tokens and restarts from zero
+        computed tokens (its next lookup counts as a preempted request's)."""
+        request = self._get(_request_id(request_id))
+        self._release(request)
+        request.num_computed_tokens = 0
+        request.num_cached_blocks = 0
+        request.num_preemptions += 1
+
+    def _release(self, request: _Request) -> None:
+        blocks, request.blocks = request.blocks, []
+        self.pool.free_blocks(blocks[::-1])
+
+    # -- the pool -----------------------------------------------------------------------------
+
+    def get_usage(self) -> float:
+        """Fraction of usable blocks in use."""
+        return self.pool.get_usage()
+
+    def get_num_free_blocks(self) -> int:
+        """Free blocks in the pool."""
+        return self.pool.get_num_free_blocks()
+
+    def take_events(self) -> list[Any]:
+        """Queued KV-cache events, oldest first (the queue is emptied)."""
+        return self.pool.take_events()
+
+    def reset_prefix_cache(self) -> bool:
+        """Clear the prefix cache and the statistics; refused (``False``) while a block is in use."""
+        if not self.pool.reset_prefix_cache():
+            return False
+        self._stats = PrefixCacheStats(0, 0, 0, 0)
+        self._window.clear()
+        for request in self._requests.values():
+            request.num_cached_blocks = 0
+        return True
+
+    def check_invariants(self) -> None:
+        """The pool's invariants, plus: every block a request names is in range and held (its
+        count at least the number of tables naming it), and a request's cached blocks hold its
+        hashes. Raises ``InvariantError`` listing every problem."""
+        problems: list[str] = []
+        try:
+            self.pool.check_invariants()
+        except InvariantError as e:
+            problems.append(str(e))
+        holders = [0] * self.num_blocks
+        for rid, request in self._requests.items():
+            for block_id in request.blocks:
+                if not 0 <= block_id < self.num_blocks:
+                    problems.append(f"request {rid!r}: block {block_id} out of range")
+                    continue
+                holders[block_id] += 1
+            for i, block_id in enumerate(request.blocks[: request.num_cached_blocks]):
+                if block_id == self.pool.null_block:
+                    continue
+                key = self.pool.block_hash(block_id)
+                if i >= len(request.block_hashes) or key is None or key[0] != request.block_hashes[i]:
+                    problems.append(f"request {rid!r}: cached block {i} (id {block_id}) lacks the request's hash")
+        counts = self.pool.ref_counts()
+        for block_id, held in enumerate(holders):
+            if block_id != self.pool.null_block and int(counts[block_id]) < held:
+                problems.append(f"block {block_id}: count {int(counts[block_id])} below its {held} holders")
+        if problems:
+            raise InvariantError("; ".join(problems))
+
