@@ -233,7 +233,8 @@ def test_bench_json_reference_only(capsys: pytest.CaptureFixture[str]) -> None:
     assert obj["params"] == {"requests": 100, "blocks_per_req": 44, "block_size": 16, "pool_blocks": 32768,
                              "caching": False}
     results = obj["results"]
-    assert [r["variant"] for r in results] == ["pool-per-request", "pool-batch", "pool-many"]
+    assert [r["variant"] for r in results] == ["pool-per-request", "pool-batch", "pool-many",
+                                               "manager-per-request", "manager-step"]
     assert all(r["kvpool"] is None and r["ratio"] is None and r["reference"] > 0 for r in results)
 
 

@@ -29,8 +29,6 @@ in :data:`OPTIONAL_VARIANTS` and skipped while the API is missing; they are neve
 from __future__ import annotations
 
 import gc
-import hashlib
-import pickle
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -185,20 +183,9 @@ class OptionalVariant:
     measure: Callable[[Runner, Impl], list[Sample]] | None = None
 
 
-# HOOK: per-algorithm hashing rows and the KVCacheManager rows plug in here (set `measure`)
-# once `kvpool.hash_tokens`-like APIs and `kvpool.KVCacheManager` exist.
-OPTIONAL_VARIANTS: dict[str, dict[str, OptionalVariant]] = {
-    "serve-random": {"manager-batch": OptionalVariant("KVCacheManager")},
-    "prefix-warmup": {
-        "hash-sha256": OptionalVariant("hash_tokens"),
-        "hash-sha256_cbor": OptionalVariant("hash_tokens"),
-        "hash-xxhash": OptionalVariant("hash_tokens"),
-        "hash-xxhash_cbor": OptionalVariant("hash_tokens"),
-        "pass1-with-hashing": OptionalVariant("hash_tokens"),
-        "manager-cold": OptionalVariant("KVCacheManager"),
-        "manager-warm": OptionalVariant("KVCacheManager"),
-    },
-}
+# Rows that need an API beyond BlockPool; each is skipped (never faked) for an implementation
+# whose module lacks it. Their `measure` functions are defined with the workloads below.
+OPTIONAL_VARIANTS: dict[str, dict[str, OptionalVariant]] = {}
 
 
 def _run_optional(workload: str, runner: Runner, impl: Impl, skipped: Skipped) -> list[Sample]:
@@ -266,29 +253,20 @@ PW_BLOCKS = (PW_SHARED + PW_UNIQUE) // PW_BLOCK_SIZE  # 75
 PW_MAX_HIT = (PW_SHARED + PW_UNIQUE - 1) // PW_BLOCK_SIZE  # hit capped at num_tokens - 1: 74
 
 
-def _python_block_hashes(tokens: Sequence[int], block_size: int) -> list[bytes]:
-    """PLACEHOLDER for kvpool's block hashing: vLLM's ``sha256`` chain, in plain Python.
-
-    Hash ``i`` is ``sha256(pickle.dumps((parent, tuple(block_i_tokens), None), protocol=5))``,
-    ``parent`` being hash ``i - 1``, or for block 0 the hash of the seed ``"vllm-none-hash"``.
-    Only used to precompute prefix-warmup's hashes outside the clock; replace it with the
-    ``kvpool.hash_tokens``-like API when that exists.
-    """
-    parent = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=5)).digest()
-    hashes = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = tuple(tokens[start : start + block_size])
-        parent = hashlib.sha256(pickle.dumps((parent, block, None), protocol=5)).digest()
-        hashes.append(parent)
-    return hashes
+@cache
+def _prefix_warmup_prompts() -> tuple[list[int], ...]:
+    """The 32 prompts: the peer's 1,000 shared tokens, then 200 unique ones each."""
+    prefix = [(t * 31 + 7) % 32_000 for t in range(PW_SHARED)]
+    return tuple(prefix + [4001 + i * PW_UNIQUE + t for t in range(PW_UNIQUE)] for i in range(PW_REQUESTS))
 
 
 @cache
 def _prefix_warmup_hashes() -> tuple[list[bytes], ...]:
-    """The 32 requests' block hashes (75 each), computed once, as the peer's prompts."""
-    prefix = [(t * 31 + 7) % 32_000 for t in range(PW_SHARED)]
-    prompts = [prefix + [4001 + i * PW_UNIQUE + t for t in range(PW_UNIQUE)] for i in range(PW_REQUESTS)]
-    return tuple(_python_block_hashes(p, PW_BLOCK_SIZE) for p in prompts)
+    """The 32 requests' vLLM ``sha256`` block hashes (75 each), computed once by kvpool."""
+    from kvpool import BlockHasher
+
+    hasher = BlockHasher(PW_BLOCK_SIZE, hash_algo="sha256")
+    return tuple(hasher.hash_tokens(p).to_list() for p in _prefix_warmup_prompts())
 
 
 def prefix_warmup(runner: Runner, impl: Impl) -> list[Sample]:
@@ -377,6 +355,138 @@ def trace_replay(trace: Trace) -> Callable[[Runner, Impl], list[Sample]]:
 
 
 # --------------------------------------------------------------------------------------------
+# Rows through the hasher and the manager (skipped for an implementation without them).
+# --------------------------------------------------------------------------------------------
+
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+
+
+def _tokens_for(impl: Impl, prompts: Sequence[list[int]]) -> list[Any]:
+    """Prompts in the implementation's native form: int64 arrays for kvpool, lists otherwise."""
+    if impl.name == "kvpool":
+        return [np.asarray(p, dtype=np.int64) for p in prompts]
+    return [list(p) for p in prompts]
+
+
+def prefix_warmup_hashing(runner: Runner, impl: Impl) -> list[Sample]:
+    """Hashing the 32 prompts (1,200 tokens, 75 blocks each) per algorithm, and pass 1 with it."""
+    prompts = _tokens_for(impl, _prefix_warmup_prompts())
+    samples = []
+    for algo in HASH_ALGOS:
+        try:
+            hasher = impl.module.BlockHasher(PW_BLOCK_SIZE, hash_algo=algo)
+        except ImportError:  # the reference's xxhash rows need the xxhash package
+            continue
+        ns = runner.measure(lambda h: [h.hash_tokens(p) for p in prompts], lambda: hasher)
+        samples.append(Sample(f"hash-{algo}", "us_per_req", "time", ns / 1e3 / PW_REQUESTS))
+    hasher = impl.module.BlockHasher(PW_BLOCK_SIZE, hash_algo="sha256_cbor")
+
+    def pass1(pool: PoolLike) -> None:
+        held = []
+        for p in prompts:
+            hashes = hasher.hash_tokens(p)
+            blocks = pool.get_new_blocks(PW_BLOCKS)
+            pool.cache_full_blocks(blocks, hashes, 0, PW_BLOCKS)
+            held.append(blocks)
+        for blocks in held:
+            pool.free_blocks(blocks[::-1])
+
+    ns = runner.measure(pass1, lambda: impl.pool_cls(PW_POOL, enable_caching=True, block_size=PW_BLOCK_SIZE))
+    samples.append(Sample("pass1-with-sha256_cbor", "us_per_req", "time", ns / 1e3 / PW_REQUESTS))
+    return samples
+
+
+def _manager_with(impl: Impl, ids: Sequence[str], prompts: Sequence[Any], *, caching: bool, pool: int,
+                  block_size: int, hash_algo: str = "sha256_cbor") -> Any:
+    """A manager with the requests added (their prompts hashed) outside any clock."""
+    mgr = impl.module.KVCacheManager(pool, block_size, enable_caching=caching, hash_algo=hash_algo)
+    for rid, p in zip(ids, prompts):
+        mgr.add_request(rid, p)
+    return mgr
+
+
+def serve_random_manager(runner: Runner, impl: Impl) -> list[Sample]:
+    """W1 through the manager: prefill all, one decode token each, free all (µs per request).
+
+    ``manager-per-request`` makes the calls vLLM's scheduler makes, one request at a time;
+    ``manager-step`` hands each phase over in one batched call.
+    """
+    ids = [f"w1-{i}" for i in range(SR_REQUESTS)]
+    prompts = _tokens_for(impl, [[(i * 7919 + t) % 32_000 for t in range(SR_TOKENS - 1)] for i in range(SR_REQUESTS)])
+    ones = np.ones(SR_REQUESTS, dtype=np.int64)
+
+    def setup() -> Any:
+        return _manager_with(impl, ids, prompts, caching=False, pool=SR_POOL, block_size=SR_BLOCK_SIZE)
+
+    def per_request(mgr: Any) -> None:
+        for rid in ids:
+            mgr.allocate_slots(rid, SR_TOKENS - 1)
+        for rid in ids:
+            mgr.append_token_ids(rid, [1])
+            mgr.allocate_slots(rid, 1)
+        for rid in ids:
+            mgr.free(rid)
+
+    def step(mgr: Any) -> None:
+        mgr.schedule_step(ids, SR_TOKENS - 1)
+        mgr.append_token_ids_many(ids, ones)
+        mgr.schedule_step(ids, 1)
+        mgr.free_many(ids)
+
+    return [
+        Sample("manager-per-request", "us_per_req", "time", runner.measure(per_request, setup) / 1e3 / SR_REQUESTS),
+        Sample("manager-step", "us_per_req", "time", runner.measure(step, setup) / 1e3 / SR_REQUESTS),
+    ]
+
+
+def prefix_warmup_manager(runner: Runner, impl: Impl) -> list[Sample]:
+    """W2 through the manager, as a scheduler calls it (µs per request), prompts hashed at add.
+
+    Cold: a fresh cache, requests one by one (request 2 on hits what request 1 cached); warm:
+    the same requests again after a cold pass. Then all are freed.
+    """
+    ids = [f"w2-{i}" for i in range(PW_REQUESTS)]
+    prompts = _tokens_for(impl, _prefix_warmup_prompts())
+    num_tokens = PW_SHARED + PW_UNIQUE
+
+    def schedule(mgr: Any) -> Any:
+        for rid in ids:
+            hits, n_hit = mgr.get_computed_blocks(rid)
+            mgr.allocate_slots(rid, num_tokens - n_hit, num_new_computed_tokens=n_hit, new_computed_blocks=hits)
+        for rid in ids:
+            mgr.free(rid)
+        return mgr
+
+    def cold() -> Any:
+        return _manager_with(impl, ids, prompts, caching=True, pool=PW_POOL, block_size=PW_BLOCK_SIZE)
+
+    def warm() -> Any:
+        mgr = schedule(cold())
+        for rid, p in zip(ids, prompts):
+            mgr.add_request(rid, p)
+        return mgr
+
+    def step(mgr: Any) -> None:
+        mgr.schedule_step(ids, num_tokens)
+        mgr.free_many(ids)
+
+    return [
+        Sample("manager-cold", "us_per_req", "time", runner.measure(schedule, cold) / 1e3 / PW_REQUESTS),
+        Sample("manager-warm", "us_per_req", "time", runner.measure(schedule, warm) / 1e3 / PW_REQUESTS),
+        Sample("manager-step-warm", "us_per_req", "time", runner.measure(step, warm) / 1e3 / PW_REQUESTS),
+    ]
+
+
+OPTIONAL_VARIANTS.update({
+    "serve-random": {"manager": OptionalVariant("KVCacheManager", serve_random_manager)},
+    "prefix-warmup": {
+        "hashing": OptionalVariant("BlockHasher", prefix_warmup_hashing),
+        "manager": OptionalVariant("KVCacheManager", prefix_warmup_manager),
+    },
+})
+
+
+# --------------------------------------------------------------------------------------------
 # Running and printing.
 # --------------------------------------------------------------------------------------------
 
@@ -406,7 +516,8 @@ def _params(name: str, trace: Trace) -> dict[str, Any]:
                 "pool_blocks": SR_POOL, "caching": False}
     if name == "prefix-warmup":
         return {"requests": PW_REQUESTS, "blocks_per_req": PW_BLOCKS, "block_size": PW_BLOCK_SIZE,
-                "pool_blocks": PW_POOL, "max_hit_blocks": PW_MAX_HIT, "hashes": "sha256 (precomputed)"}
+                "pool_blocks": PW_POOL, "max_hit_blocks": PW_MAX_HIT,
+                "hashes": "sha256, precomputed for the pool-only rows"}
     if name == "churn":
         return {"pool_blocks": CH_POOL, "batch": CH_BATCH, "blocks_per_cycle": CH_CYCLE * CH_BATCH,
                 "block_size": CH_BLOCK_SIZE}

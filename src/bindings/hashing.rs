@@ -9,7 +9,7 @@ use pyo3::types::{PyBool, PyBytes, PyList, PySlice, PyString, PyTuple};
 
 use super::convert::{extract_i64s, int_arg, type_name};
 use super::errors::{error, ErrorKind};
-use crate::pool::hashing::{self, none_hash, BlockHasher, HashAlgo, MmFeature, Value};
+use crate::pool::hashing::{self, none_hash, BlockHasher, Encoding, HashAlgo, MmFeature, Value};
 use crate::pool::{HashSlice, SequenceExtras};
 
 /// Resolves a hash algorithm name.
@@ -476,7 +476,9 @@ impl PyBlockHasher {
     }
 
     /// One block's hash: ``H((parent or NONE_HASH, tuple(token_ids), extra_keys))``,
-    /// ``extra_keys`` any None/int/bytes/str/tuple value (vLLM's tagged tuples).
+    /// ``extra_keys`` any None/int/bytes/str/tuple value (vLLM's tagged tuples). With a
+    /// pickle-based algorithm and extra keys, Python's pickler encodes: pickle's memo
+    /// depends on which of the caller's objects are shared, which only it can see.
     #[pyo3(signature = (parent, token_ids, extra_keys=None))]
     fn hash_block<'py>(
         &self,
@@ -487,14 +489,21 @@ impl PyBlockHasher {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let mut tokens = Vec::new();
         extract_i64s(token_ids, "token_ids", &mut tokens)?;
-        let extra = extra_keys
-            .filter(|e| !e.is_none())
-            .map(to_value)
-            .transpose()?;
+        let extra_keys = extra_keys.filter(|e| !e.is_none());
+        let extra = extra_keys.map(to_value).transpose()?;
         let parent = parent
             .map(|p| p.as_bytes())
             .filter(|p| !p.is_empty())
             .unwrap_or(&self.none_hash);
+        if let (Some(keys), Encoding::Pickle) = (extra_keys, self.algo.encoding()) {
+            // pickle memoizes by object identity (vLLM's tag strings are shared interned
+            // objects): only Python's own pickler knows which of the caller's objects are
+            // shared, so it encodes and Rust hashes.
+            let tuple = (PyBytes::new(py, parent), PyTuple::new(py, &tokens)?, keys);
+            let bytes = py.import("pickle")?.call_method1("dumps", (tuple, 5))?;
+            let bytes = bytes.cast::<PyBytes>()?;
+            return Ok(PyBytes::new(py, &self.algo.digest_bytes(bytes.as_bytes())));
+        }
         let mut hasher = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
         Ok(PyBytes::new(
             py,
@@ -524,7 +533,9 @@ pub fn compute_none_hash<'py>(
 }
 
 /// The bytes ``hash_algo`` hashes for ``value``: ``cbor2.dumps(value, canonical=True)``
-/// or ``pickle.dumps(value, protocol=5)``.
+/// or ``pickle.dumps(value, protocol=5)``, encoded in Rust. For pickle, every str, bytes
+/// and tuple is written as a distinct object; where the caller passes the *same* object
+/// twice, Python's pickler writes a memo reference instead, and the bytes differ.
 #[pyfunction]
 #[pyo3(signature = (value, hash_algo="sha256_cbor"))]
 pub fn encode_hash_input<'py>(

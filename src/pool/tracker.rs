@@ -46,7 +46,10 @@ impl SequenceExtras {
     /// The borrowed view the hasher reads.
     pub fn inputs(&self) -> ExtraKeyInputs<'_> {
         ExtraKeyInputs {
-            lora_name: self.lora.as_ref().map(|(name, _)| name.as_str()),
+            lora: self
+                .lora
+                .as_ref()
+                .map(|(name, path)| (name.as_str(), path.as_str())),
             mm_features: &self.mm_features,
             cache_salt: self.cache_salt.as_deref(),
             prompt_embed_digests: self.prompt_embed_digests.as_deref(),

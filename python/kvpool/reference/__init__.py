@@ -6,5 +6,7 @@ operations and compare every observable) and the benchmark baseline.
 
 from kvpool.reference.manager import KVCacheManager, StepResult
 from kvpool.reference.pool import BlockPool
+from kvpool.reference.hashing import BlockHasher
+from kvpool.reference.tracker import ComputedBlocksTracker
 
-__all__ = ["BlockPool", "KVCacheManager", "StepResult"]
+__all__ = ["BlockPool", "KVCacheManager", "StepResult", "BlockHasher", "ComputedBlocksTracker"]

@@ -70,17 +70,6 @@ pub(super) fn write_none(out: &mut Vec<u8>) {
     out.push(NONE);
 }
 
-/// Writes an int that fits in 64 bits (the token-id fast path).
-#[inline]
-pub(super) fn write_i64(out: &mut Vec<u8>, v: i64) {
-    if v >= 0 {
-        write_head(out, MAJOR_UINT, v as u64);
-    } else {
-        // -1 - v, computed without overflow for i64::MIN.
-        write_head(out, MAJOR_NEGINT, !(v as u64));
-    }
-}
-
 /// Writes an array of 64-bit ints (a block's token ids), the hot path.
 ///
 /// Token ids of a vocabulary mix 1-, 2- and 4-byte arguments at random, so the
@@ -169,33 +158,6 @@ mod tests {
         assert!(vectors.len() > 100);
         for v in &vectors {
             check_encoding(v.name, &enc(&(v.build)()), &v.cbor);
-        }
-    }
-
-    #[test]
-    fn i64_fast_path_matches_general_path() {
-        for v in [
-            0,
-            1,
-            23,
-            24,
-            255,
-            256,
-            65535,
-            65536,
-            u32::MAX as i64,
-            1 << 32,
-            i64::MAX,
-            -1,
-            -24,
-            -25,
-            -256,
-            -257,
-            i64::MIN,
-        ] {
-            let mut fast = Vec::new();
-            write_i64(&mut fast, v);
-            assert_eq!(fast, enc(&Value::Int(v.into())), "{v}");
         }
     }
 

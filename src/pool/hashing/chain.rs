@@ -6,7 +6,7 @@
 
 use super::algo::{Digest, Encoding, HashAlgo};
 use super::cbor;
-use super::extra::{BlockExtraKeys, ExtraKeyInputs, MmCursor};
+use super::extra::{BlockExtraKeys, ExtraKeyInputs};
 use super::pickle::PickleWriter;
 use super::value::Value;
 
@@ -133,12 +133,12 @@ impl BlockHasher {
     ///
     /// `parent` is the digest of block `start_block - 1`, or `NONE_HASH` when
     /// `start_block` is 0. Extra keys come from `extra`, walking multimodal
-    /// inputs as vLLM does when it starts (or resumes) hashing at `start_block`.
-    /// A trailing partial block is not hashed; nor is any block lacking a
-    /// prompt-embedding digest (see [`ExtraKeyInputs::hashable_blocks`]).
+    /// inputs as vLLM does when it starts (or resumes) hashing at `start_block`
+    /// (see [`super::MmCursor`]). A trailing partial block is not hashed; nor is
+    /// any block lacking a prompt-embedding digest (see
+    /// [`ExtraKeyInputs::hashable_blocks`]): the chain ends before it.
     ///
-    /// # Panics
-    /// If `block_size` is 0.
+    /// A `block_size` of 0 hashes nothing (returns 0); no input panics.
     pub fn extend_chain(
         &mut self,
         parent: &[u8],
@@ -148,36 +148,44 @@ impl BlockHasher {
         extra: &ExtraKeyInputs<'_>,
         out: &mut Vec<u8>,
     ) -> usize {
-        assert!(block_size > 0, "block_size must be positive");
+        if block_size == 0 {
+            return 0;
+        }
         let end_block = extra.hashable_blocks(tokens.len() / block_size);
         if start_block >= end_block {
             return 0;
         }
         out.reserve((end_block - start_block) * self.algo.digest_len());
-        let mut cursor = MmCursor::new(start_block);
+        let plain = extra.is_empty();
+        let mut cursor = extra.mm_cursor(start_block, block_size);
         let mut prev: Option<Digest> = None;
-        for (i, block) in tokens[start_block * block_size..end_block * block_size]
-            .chunks_exact(block_size)
-            .enumerate()
-        {
-            let keys = if extra.is_empty() {
+        let mut hashed = 0;
+        // start_block < end_block <= tokens.len() / block_size: the slice is in bounds.
+        let blocks =
+            tokens[start_block * block_size..end_block * block_size].chunks_exact(block_size);
+        for (block_index, block) in (start_block..).zip(blocks) {
+            let keys = if plain {
                 BlockExtraKeys::NONE
             } else {
-                extra.block_keys(start_block + i, block_size, &mut cursor)
+                match extra.block_keys(block_index, block_size, &mut cursor) {
+                    Some(keys) => keys,
+                    None => break, // no digest (not reached: end_block stops first)
+                }
             };
             let p: &[u8] = prev.as_ref().map_or(parent, |d| d.as_bytes());
             let d = self.hash_block_keys(p, block, &keys);
             out.extend_from_slice(&d);
             prev = Some(d);
+            hashed += 1;
         }
-        end_block - start_block
+        hashed
     }
 
     /// Like [`Self::extend_chain`], with arbitrary extra keys: `extra(i)` gives
-    /// block `i`'s extra keys (`None` for Python `None`).
+    /// block `i`'s extra keys (`None` for Python `None`), pickled as distinct
+    /// objects (see [`super::encode_pickle`]).
     ///
-    /// # Panics
-    /// If `block_size` is 0.
+    /// A `block_size` of 0 hashes nothing (returns 0).
     pub fn extend_chain_with<'v>(
         &mut self,
         parent: &[u8],
@@ -187,7 +195,9 @@ impl BlockHasher {
         mut extra: impl FnMut(usize) -> Option<&'v Value>,
         out: &mut Vec<u8>,
     ) -> usize {
-        assert!(block_size > 0, "block_size must be positive");
+        if block_size == 0 {
+            return 0;
+        }
         let end_block = tokens.len() / block_size;
         if start_block >= end_block {
             return 0;
@@ -223,8 +233,8 @@ impl BlockHasher {
     /// assert_eq!(hashes.len(), 2 * 16);
     /// ```
     ///
-    /// # Panics
-    /// If `block_size` is 0 or `hashes.len()` is not a multiple of the digest length.
+    /// Hashes nothing (returns 0) when `block_size` is 0 or when `hashes.len()`
+    /// is not a multiple of the digest length (a list this hasher did not write).
     pub fn update_chain(
         &mut self,
         none_hash: &[u8],
@@ -234,11 +244,9 @@ impl BlockHasher {
         hashes: &mut Vec<u8>,
     ) -> usize {
         let width = self.algo.digest_len();
-        assert!(
-            hashes.len() % width == 0,
-            "hash list length {} is not a multiple of {width}",
-            hashes.len()
-        );
+        if hashes.len() % width != 0 {
+            return 0;
+        }
         let start_block = hashes.len() / width;
         let mut parent = [0u8; super::algo::MAX_DIGEST_LEN];
         let parent: &[u8] = if start_block == 0 {
@@ -278,8 +286,34 @@ pub fn hash_request_blocks(
 
 #[cfg(test)]
 mod tests {
+    use super::super::extra::MmFeature;
+    use super::super::pickle::encode_pickle_interned;
     use super::super::vectors::{block_vectors, chain_vectors, hex, none_hash_vectors};
     use super::*;
+
+    /// vLLM's tag literals: one shared object each in a pickled block.
+    const TAGS: [&str; 4] = ["lora", "mm", "cache_salt", "prompt_embeds"];
+
+    /// Reference hash of one block, built from [`BlockExtraKeys::to_value`] with
+    /// the general encoders (tags shared, all else distinct, as in vLLM).
+    fn reference_hash(
+        algo: HashAlgo,
+        parent: &[u8],
+        tokens: &[i64],
+        keys: &BlockExtraKeys<'_>,
+    ) -> Digest {
+        let whole = Value::tuple([
+            Value::bytes(parent),
+            Value::tuple(tokens.iter().map(|&t| Value::from(t))),
+            keys.to_value().unwrap_or(Value::None),
+        ]);
+        let mut buf = Vec::new();
+        match algo.encoding() {
+            Encoding::Pickle => encode_pickle_interned(&whole, &TAGS, &mut buf),
+            Encoding::Cbor => cbor::encode_cbor(&whole, &mut buf),
+        }
+        algo.digest_bytes(&buf)
+    }
 
     #[test]
     fn none_hash_matches_python() {
@@ -319,17 +353,21 @@ mod tests {
         }
     }
 
+    fn inputs_of(v: &super::super::vectors::ChainVector) -> ExtraKeyInputs<'_> {
+        ExtraKeyInputs {
+            lora: v.lora,
+            mm_features: &v.mm_features,
+            cache_salt: v.cache_salt,
+            prompt_embed_digests: v.prompt_embeds.as_deref(),
+        }
+    }
+
     #[test]
     fn chains_match_python() {
         let vectors = chain_vectors();
-        assert!(vectors.len() >= 15);
-        for v in vectors {
-            let inputs = ExtraKeyInputs {
-                lora_name: v.lora_name,
-                mm_features: &v.mm_features,
-                cache_salt: v.cache_salt,
-                prompt_embed_digests: v.prompt_embeds.as_deref(),
-            };
+        assert!(vectors.len() >= 30);
+        for v in &vectors {
+            let inputs = inputs_of(v);
             for (algo, seed, expected) in &v.expected {
                 let root = none_hash(*algo, seed);
                 let mut hasher = BlockHasher::new(*algo);
@@ -344,14 +382,48 @@ mod tests {
     }
 
     #[test]
-    fn keys_path_equals_value_path() {
+    fn chain_pickles_match_python() {
+        // Byte for byte, every block vLLM hashed, including the BINGETs of
+        // repeated "mm" tags.
+        let mut blocks = 0;
+        for v in chain_vectors().iter().filter(|v| !v.pickles.is_empty()) {
+            let inputs = inputs_of(v);
+            let algo = HashAlgo::Sha256;
+            let mut hasher = BlockHasher::new(algo);
+            let mut expected = v.pickles.iter();
+            let mut parent = none_hash(algo, DEFAULT_NONE_HASH_SEED);
+            let mut next_block = 0;
+            for &n in &v.steps {
+                let bs = v.block_size;
+                let mut cursor = inputs.mm_cursor(next_block, bs);
+                while (next_block + 1) * bs <= n {
+                    let keys = inputs
+                        .block_keys(next_block, bs, &mut cursor)
+                        .expect("digest");
+                    let tokens = &v.tokens[next_block * bs..(next_block + 1) * bs];
+                    hasher.encode(&parent, tokens, Extra::Keys(&keys));
+                    let want = expected.next().expect("a pickle per block");
+                    assert_eq!(hex(&hasher.buf), *want, "{} block {next_block}", v.name);
+                    parent = algo.digest_bytes(&hasher.buf);
+                    next_block += 1;
+                    blocks += 1;
+                }
+            }
+            assert!(expected.next().is_none(), "{}", v.name);
+        }
+        assert!(blocks >= 100);
+    }
+
+    #[test]
+    fn keys_path_equals_reference_path() {
         let f = [
             MmFeature::new("img-0", 3, 40),
             MmFeature::new("img-1", 44, 2),
+            MmFeature::new("img-2", 46, 1),
         ];
         let d: Vec<[u8; 32]> = (0..4u8).map(|i| [i; 32]).collect();
         let inputs = ExtraKeyInputs {
-            lora_name: Some("lora"),
+            lora: Some(("my-lora", "/adapters/my-lora")),
             mm_features: &f,
             cache_salt: Some("salt"),
             prompt_embed_digests: Some(&d),
@@ -364,27 +436,57 @@ mod tests {
                 hash_request_blocks(algo, &root, &tokens, 16, &inputs, &mut fast),
                 4
             );
-            let mut cursor = MmCursor::new(0);
-            let values: Vec<Option<Value>> = (0..4)
-                .map(|b| inputs.block_keys(b, 16, &mut cursor).to_value())
-                .collect();
+            let mut cursor = inputs.mm_cursor(0, 16);
             let mut slow = Vec::new();
+            let mut values = Vec::new();
+            for (b, block) in tokens.chunks_exact(16).enumerate() {
+                let keys = inputs.block_keys(b, 16, &mut cursor).unwrap();
+                let parent = if b == 0 {
+                    root.to_vec()
+                } else {
+                    slow[slow.len() - algo.digest_len()..].to_vec()
+                };
+                slow.extend_from_slice(&reference_hash(algo, &parent, block, &keys));
+                values.push(keys.to_value());
+            }
+            assert_eq!(fast, slow, "{algo}");
+            // Block 2 holds three "mm" tags: through a Value (distinct objects)
+            // only CBOR still agrees.
+            assert_eq!(
+                values[2]
+                    .as_ref()
+                    .map(|v| matches!(v, Value::Tuple(t) if t.len() == 5)),
+                Some(true)
+            );
+            let mut via_value = Vec::new();
             BlockHasher::new(algo).extend_chain_with(
                 &root,
                 &tokens,
                 16,
                 0,
                 |b| values[b].as_ref(),
-                &mut slow,
+                &mut via_value,
             );
-            assert_eq!(fast, slow, "{algo}");
+            let n = algo.digest_len();
+            assert_eq!(via_value[..2 * n], fast[..2 * n], "{algo}");
+            assert_eq!(
+                via_value[2 * n..3 * n] == fast[2 * n..3 * n],
+                algo.encoding() == Encoding::Cbor,
+                "{algo}"
+            );
         }
     }
 
     #[test]
-    fn extending_equals_hashing_at_once_without_mm() {
+    fn extending_equals_hashing_at_once_for_sorted_inputs() {
+        let f = [
+            MmFeature::new("a", 3, 20),
+            MmFeature::new("b", 23, 2),
+            MmFeature::new("c", 40, 33),
+        ];
         let inputs = ExtraKeyInputs {
-            lora_name: Some("l"),
+            lora: Some(("l", "/l")),
+            mm_features: &f,
             cache_salt: Some("s"),
             ..Default::default()
         };
@@ -395,7 +497,7 @@ mod tests {
             hash_request_blocks(algo, &root, &tokens, 8, &inputs, &mut once);
             let mut hasher = BlockHasher::new(algo);
             let mut stepwise = Vec::new();
-            for n in [0, 7, 8, 9, 30, 64, 100] {
+            for n in [0, 7, 8, 9, 30, 41, 64, 100] {
                 hasher.update_chain(&root, &tokens[..n], 8, &inputs, &mut stepwise);
             }
             assert_eq!(once, stepwise, "{algo}");
@@ -415,6 +517,17 @@ mod tests {
             hash_request_blocks(HashAlgo::Sha256, b"r", &[0; 64], 16, &inputs, &mut out),
             2
         );
+        assert_eq!(out.len(), 2 * 32);
+        // Resuming past the digests hashes nothing.
+        let mut hasher = BlockHasher::new(HashAlgo::Sha256);
+        assert_eq!(
+            hasher.update_chain(b"r", &[0; 64], 16, &inputs, &mut out),
+            0
+        );
+        assert_eq!(
+            hasher.extend_chain(b"r", &[0; 64], 16, 3, &inputs, &mut out),
+            0
+        );
     }
 
     #[test]
@@ -433,33 +546,58 @@ mod tests {
         assert_eq!(hasher.encode_block(b"p", &tokens, None), &expected[..]);
     }
 
+    #[test]
+    fn large_blocks_with_repeated_tags_cross_pickle_frames() {
+        // 20_000 multimodal inputs of one token each in one block: the "mm"
+        // BINGETs straddle frame boundaries.
+        let f: Vec<MmFeature> = (0..20_000)
+            .map(|k| MmFeature::new(format!("{k:06}"), k, 1))
+            .collect();
+        let inputs = ExtraKeyInputs {
+            mm_features: &f,
+            ..Default::default()
+        };
+        let tokens: Vec<i64> = (0..20_000).collect();
+        let keys = inputs
+            .block_keys(0, 20_000, &mut inputs.mm_cursor(0, 20_000))
+            .unwrap();
+        assert_eq!(keys.len(), 20_000);
+        let mut hasher = BlockHasher::new(HashAlgo::Sha256);
+        let fast = hasher.hash_block_keys(b"p", &tokens, &keys);
+        assert_eq!(fast, reference_hash(HashAlgo::Sha256, b"p", &tokens, &keys));
+    }
+
     proptest::proptest! {
         #[test]
-        fn borrowed_keys_encode_like_their_value(
+        fn borrowed_keys_encode_like_the_reference(
             parent in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
-            tokens in proptest::collection::vec(proptest::num::i64::ANY, 0..40),
-            lora in proptest::option::of("[a-z\u{e9}\u{20ac}]{0,8}"),
-            salt in proptest::option::of("[a-z]{0,8}"),
-            feats in proptest::collection::vec((0usize..64, 0usize..20), 0..4),
+            tokens in proptest::collection::vec(proptest::num::i64::ANY, 1..40),
+            // Upper case: never equal to a tag, so never shared with one.
+            lora in proptest::option::of(("[A-Z\u{e9}\u{20ac}]{0,8}", "[A-Z/]{0,8}")),
+            salt in proptest::option::of("[A-Z]{0,8}"),
+            feats in proptest::collection::vec((0usize..64, 0usize..20), 0..6),
             embeds in proptest::bool::ANY,
-            block_index in 0usize..4,
+            start_block in 0usize..4,
+            block_size in 1usize..20,
         ) {
             let mut feats = feats;
             feats.sort();
             let mm: Vec<MmFeature> = feats.iter().enumerate().map(|(k, &(o, l))| MmFeature::new(format!("f{k}"), o, l)).collect();
-            let d: Vec<[u8; 32]> = (0..4u8).map(|k| [k; 32]).collect();
+            let d: Vec<[u8; 32]> = (0..8u8).map(|k| [k; 32]).collect();
             let inputs = ExtraKeyInputs {
-                lora_name: lora.as_deref(),
+                lora: lora.as_ref().map(|(n, p)| (n.as_str(), p.as_str())),
                 mm_features: &mm,
                 cache_salt: salt.as_deref(),
                 prompt_embed_digests: if embeds { Some(&d) } else { None },
             };
-            let keys = inputs.block_keys(block_index, 16, &mut MmCursor::new(0));
-            let value = keys.to_value();
-            for algo in HashAlgo::ALL {
-                let mut h = BlockHasher::new(algo);
-                let fast = h.hash_block_keys(&parent, &tokens, &keys);
-                proptest::prop_assert_eq!(fast, h.hash_block(&parent, &tokens, value.as_ref()));
+            let mut cursor = inputs.mm_cursor(start_block, block_size);
+            for block_index in start_block..start_block + 4 {
+                let keys = inputs.block_keys(block_index, block_size, &mut cursor).unwrap();
+                for algo in HashAlgo::ALL {
+                    let mut h = BlockHasher::new(algo);
+                    let fast = h.hash_block_keys(&parent, &tokens, &keys);
+                    proptest::prop_assert_eq!(fast, reference_hash(algo, &parent, &tokens, &keys));
+                }
             }
         }
     }
@@ -474,7 +612,7 @@ mod tests {
         let none = ExtraKeyInputs::default();
         let mm = [MmFeature::new("0123456789abcdef0123456789abcdef", 100, 576)];
         let lora = ExtraKeyInputs {
-            lora_name: Some("my-lora-adapter"),
+            lora: Some(("my-lora-adapter", "/adapters/my-lora-adapter")),
             mm_features: &mm,
             cache_salt: Some("tenant"),
             ..Default::default()
@@ -509,17 +647,51 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "block_size")]
-    fn zero_block_size_panics() {
-        hash_request_blocks(
-            HashAlgo::Sha256,
-            b"r",
-            &[1, 2],
-            0,
-            &ExtraKeyInputs::default(),
-            &mut Vec::new(),
+    fn zero_block_size_hashes_nothing() {
+        let mut out = Vec::new();
+        let extra = ExtraKeyInputs::default();
+        assert_eq!(
+            hash_request_blocks(HashAlgo::Sha256, b"r", &[1, 2], 0, &extra, &mut out),
+            0
         );
+        let mut hasher = BlockHasher::new(HashAlgo::Sha256);
+        assert_eq!(
+            hasher.extend_chain(b"r", &[1, 2], 0, 5, &extra, &mut out),
+            0
+        );
+        assert_eq!(hasher.update_chain(b"r", &[1, 2], 0, &extra, &mut out), 0);
+        assert_eq!(
+            hasher.extend_chain_with(b"r", &[1, 2], 0, 0, |_| None, &mut out),
+            0
+        );
+        assert!(out.is_empty());
     }
 
-    use super::super::extra::MmFeature;
+    #[test]
+    fn ragged_hash_list_hashes_nothing() {
+        let mut hashes = vec![0u8; 33];
+        let mut hasher = BlockHasher::new(HashAlgo::Sha256);
+        let extra = ExtraKeyInputs::default();
+        assert_eq!(
+            hasher.update_chain(b"r", &[1; 64], 16, &extra, &mut hashes),
+            0
+        );
+        assert_eq!(hashes.len(), 33);
+    }
+
+    #[test]
+    fn start_block_past_the_end_hashes_nothing() {
+        let mut out = Vec::new();
+        let mut hasher = BlockHasher::new(HashAlgo::XxhashCbor);
+        let extra = ExtraKeyInputs::default();
+        assert_eq!(
+            hasher.extend_chain(b"r", &[1; 64], 16, usize::MAX, &extra, &mut out),
+            0
+        );
+        assert_eq!(
+            hasher.extend_chain(b"r", &[1; 64], usize::MAX, 0, &extra, &mut out),
+            0
+        );
+        assert!(out.is_empty());
+    }
 }

@@ -1,26 +1,34 @@
-//! Prefix-cache block hashes, byte-for-byte compatible with vLLM's.
+//! Prefix-cache block hashes, byte-for-byte compatible with vLLM 0.33's.
 //!
 //! vLLM hashes block `i` of a request as
 //! `H((parent, tuple(token_ids_i), extra_keys_i))`: `parent` is block `i-1`'s
-//! digest, or `NONE_HASH` for block 0; `extra_keys_i` is `None` or a tuple (LoRA
-//! name, multimodal inputs, cache salt, prompt-embedding digest). `H` is one of
-//! four functions ([`HashAlgo`]): SHA-256 or xxh3-128 over the value's
-//! `pickle.dumps(protocol=5)` or `cbor2.dumps(canonical=True)` bytes.
+//! digest, or `NONE_HASH` for block 0; `extra_keys_i` is `None` or a tuple of
+//! tagged tuples: `("lora", name, path)`, one `("mm", identifier, offset)` per
+//! multimodal input in the block, `("cache_salt", salt)` (block 0 only) and
+//! `("prompt_embeds", digest)`, in that order. `H` is one of four functions
+//! ([`HashAlgo`]): SHA-256 or xxh3-128 over the value's
+//! `pickle.dumps(protocol=5)` or `cbor2.dumps(canonical=True)` bytes. The tags
+//! are shared string objects in vLLM, so a repeated `"mm"` pickles as a
+//! `BINGET`; the extra-keys encoder reproduces that (a plain [`Value`] cannot).
 //!
 //! Layout, leaves first:
 //! - `value`: [`Value`], the Python values that occur in hash inputs;
 //! - `cbor`, `pickle`: the two serializers, exact to the byte;
 //! - `algo`: [`HashAlgo`] and the inline [`Digest`];
-//! - `extra`: per-block extra keys ([`ExtraKeyInputs`], [`BlockExtraKeys`]);
+//! - `extra`: per-block extra keys ([`ExtraKeyInputs`], [`BlockExtraKeys`]) and
+//!   vLLM's multimodal walk ([`MmCursor`]);
 //! - `chain`: [`BlockHasher`] and the request-level chain (the hot path: one
 //!   reused buffer, no allocation per block).
+//!
+//! Nothing here panics on caller input: a block size of 0 hashes no blocks, and
+//! a block without its prompt-embedding digest ends the chain.
 //!
 //! ```
 //! use kvpool::pool::hashing::{none_hash, BlockHasher, ExtraKeyInputs, HashAlgo, DEFAULT_NONE_HASH_SEED};
 //! let algo = HashAlgo::from_name("sha256_cbor").unwrap();
 //! let root = none_hash(algo, DEFAULT_NONE_HASH_SEED);
 //! let mut hasher = BlockHasher::new(algo);
-//! let extra = ExtraKeyInputs { lora_name: Some("my-lora"), ..Default::default() };
+//! let extra = ExtraKeyInputs { lora: Some(("my-lora", "/adapters/my-lora")), ..Default::default() };
 //! let prompt: Vec<i64> = (0..1200).collect();
 //! let mut hashes = Vec::new(); // 32 bytes per full block
 //! assert_eq!(hasher.update_chain(&root, &prompt, 16, &extra, &mut hashes), 75);

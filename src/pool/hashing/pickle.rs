@@ -21,18 +21,32 @@
 //!   tuples are followed by `MEMOIZE`. `None` is `NONE`; ints and `None` are
 //!   never memoized.
 //!
-//! # Object identity: the one known gap
+//! # Object identity
 //! The pickler memoizes by object *identity*: when the same `str`, `bytes` or
 //! tuple object occurs twice in one pickled value, the second occurrence is a
-//! `BINGET` of the first. This encoder works on values and never emits `BINGET`,
-//! i.e. it treats every occurrence as a distinct object. That is what vLLM's hash
-//! inputs hold in practice (the parent hash, a fresh token tuple, and extra keys
-//! built per request), but CPython shares some objects behind the caller's back:
-//! the empty `str`/`bytes`, and (depending on how they were made) one-character
-//! strings and one-byte `bytes`. So two *equal* such values in one block's hash
-//! input (say a LoRA named `"a"` and a cache salt `"a"`) may pickle differently
-//! in Python. CBOR has no such dependence. The test vectors are built from
-//! distinct objects and checked to contain no `BINGET`.
+//! `BINGET` of the first (`LONG_BINGET` from memo index 256 on; the index counts
+//! every `MEMOIZE` so far, in pickling order).
+//!
+//! [`encode_pickle`] works on values and never emits `BINGET`, i.e. it treats
+//! every occurrence as a distinct object. That is what a [`Value`] can express,
+//! but CPython shares some objects behind the caller's back: the empty
+//! `str`/`bytes`, one-character strings, and interned strings, which include
+//! every identifier-like string literal in Python source. So two *equal* such
+//! values in one pickled value (say a LoRA named `"a"` and a cache salt `"a"`)
+//! may pickle differently in Python. CBOR has no such dependence. The encoding
+//! test vectors are built from distinct objects and checked to contain no
+//! `BINGET`.
+//!
+//! Block extra keys are the one place where vLLM's hash inputs share objects by
+//! construction: their tags (`"lora"`, `"mm"`, `"cache_salt"`,
+//! `"prompt_embeds"`) are string literals, so a block with two multimodal inputs
+//! holds the *same* `"mm"` object twice. The extra-keys encoder
+//! (`BlockExtraKeys`, through [`PickleWriter`]) memoizes the tags by value,
+//! exactly as the pickler memoizes those shared objects, and emits `BINGET` for
+//! their repeats. Everything else in a block's hash input is treated as a
+//! distinct object, which is right unless the caller's strings are shared in
+//! Python: e.g. a LoRA whose name and path are one `str` object, two multimodal
+//! inputs with one identifier object, or equal one-character or empty strings.
 
 use super::value::Value;
 
@@ -57,6 +71,8 @@ const TUPLE1: u8 = 0x85;
 const TUPLE2: u8 = 0x86;
 const TUPLE3: u8 = 0x87;
 const MEMOIZE: u8 = 0x94;
+const BINGET: u8 = b'h';
+const LONG_BINGET: u8 = b'j';
 
 /// Size of a `FRAME` opcode with its 8-byte length.
 const FRAME_HEADER: usize = 9;
@@ -68,8 +84,9 @@ const FRAME_TARGET: usize = 64 * 1024;
 
 /// Appends `pickle.dumps(value, protocol=5)` (CPython 3.11, C pickler) to `out`.
 ///
-/// `out` is not cleared, so one buffer can be reused across calls. See the
-/// module docs for the object-identity gap (this never emits `BINGET`).
+/// `out` is not cleared, so one buffer can be reused across calls. Every
+/// occurrence of a `str`, `bytes` or tuple is pickled as a distinct object: this
+/// never emits `BINGET` (see the module docs on object identity).
 ///
 /// ```
 /// use kvpool::pool::hashing::{encode_pickle, Value};
@@ -84,14 +101,48 @@ pub fn encode_pickle(value: &Value, out: &mut Vec<u8>) {
     w.finish();
 }
 
+/// Test reference: [`encode_pickle`] of a value in which every `str` equal to
+/// one of `interned` is a single shared object (as a string literal is in
+/// Python), so its first occurrence is memoized and the others are `BINGET`s.
+/// All other objects are distinct, as in [`encode_pickle`].
+#[cfg(test)]
+pub(super) fn encode_pickle_interned(value: &Value, interned: &[&str], out: &mut Vec<u8>) {
+    fn save(w: &mut PickleWriter<'_>, v: &Value, interned: &[&str], memo: &mut [Option<usize>]) {
+        match v {
+            Value::Str(s) if interned.contains(&s.as_str()) => {
+                let k = interned.iter().position(|t| t == s).unwrap();
+                match memo[k] {
+                    Some(index) => w.save_memo_get(index),
+                    None => memo[k] = Some(w.save_str(s)),
+                }
+            }
+            Value::Tuple(items) => {
+                w.begin_tuple(items.len());
+                for item in items {
+                    save(w, item, interned, memo);
+                }
+                w.end_tuple(items.len());
+            }
+            other => w.save(other),
+        }
+    }
+    let mut w = PickleWriter::begin(out);
+    save(&mut w, value, interned, &mut vec![None; interned.len()]);
+    w.finish();
+}
+
 /// Streams one pickle into a buffer, framing exactly as the C pickler does.
 ///
 /// Each `save_*` method writes one complete object, like the pickler's `save()`,
-/// and starts with the frame-size check that `save()` starts with.
+/// and starts with the frame-size check that `save()` starts with. The writer
+/// counts `MEMOIZE`s, so a caller that knows two saves are the same Python object
+/// can save the second as [`Self::save_memo_get`] of the first's memo index.
 pub(super) struct PickleWriter<'a> {
     out: &'a mut Vec<u8>,
     /// Offset of the open frame's header placeholder, if a frame is open.
     frame_start: Option<usize>,
+    /// Number of objects memoized so far (the next `MEMOIZE`'s index).
+    memo_len: usize,
 }
 
 impl<'a> PickleWriter<'a> {
@@ -102,6 +153,7 @@ impl<'a> PickleWriter<'a> {
         Self {
             out,
             frame_start: None,
+            memo_len: 0,
         }
     }
 
@@ -165,7 +217,9 @@ impl<'a> PickleWriter<'a> {
             Value::None => self.save_none(),
             Value::Int(v) => self.save_int(*v),
             Value::Bytes(b) => self.save_bytes(b),
-            Value::Str(s) => self.save_str(s),
+            Value::Str(s) => {
+                self.save_str(s);
+            }
             Value::Tuple(items) => {
                 self.begin_tuple(items.len());
                 for item in items {
@@ -297,11 +351,12 @@ impl<'a> PickleWriter<'a> {
             h[1..].copy_from_slice(&(n as u64).to_le_bytes());
             self.write_payload(&h, b);
         }
-        self.write(&[MEMOIZE]);
+        self.memoize();
     }
 
-    /// Saves a `str` object (UTF-8 encoded, as the pickler does).
-    pub(super) fn save_str(&mut self, s: &str) {
+    /// Saves a `str` object (UTF-8 encoded, as the pickler does); returns its
+    /// memo index.
+    pub(super) fn save_str(&mut self, s: &str) -> usize {
         self.start_object();
         let b = s.as_bytes();
         let n = b.len();
@@ -316,7 +371,30 @@ impl<'a> PickleWriter<'a> {
             h[1..].copy_from_slice(&(n as u64).to_le_bytes());
             self.write_payload(&h, b);
         }
+        self.memoize()
+    }
+
+    /// Writes `MEMOIZE`; returns the index it stores the last object at.
+    #[inline]
+    fn memoize(&mut self) -> usize {
         self.write(&[MEMOIZE]);
+        self.memo_len += 1;
+        self.memo_len - 1
+    }
+
+    /// Saves another occurrence of the object memoized at `index`, as the
+    /// pickler's `save()` does on a memo hit: `BINGET`, or `LONG_BINGET` from
+    /// index 256 on.
+    pub(super) fn save_memo_get(&mut self, index: usize) {
+        self.start_object();
+        if let Ok(i) = u8::try_from(index) {
+            self.write(&[BINGET, i]);
+        } else {
+            // The C pickler refuses indices past u32::MAX; reaching one takes
+            // over 4 GiB of pickle, so this clamp is never hit in practice.
+            let l = u32::try_from(index).unwrap_or(u32::MAX).to_le_bytes();
+            self.write(&[LONG_BINGET, l[0], l[1], l[2], l[3]]);
+        }
     }
 
     /// Starts a tuple of `len` items; save the items, then call [`Self::end_tuple`].
@@ -333,13 +411,15 @@ impl<'a> PickleWriter<'a> {
     /// Ends a tuple of `len` items started with [`Self::begin_tuple`].
     #[inline]
     pub(super) fn end_tuple(&mut self, len: usize) {
-        match len {
-            0 => {}
-            1 => self.write(&[TUPLE1, MEMOIZE]),
-            2 => self.write(&[TUPLE2, MEMOIZE]),
-            3 => self.write(&[TUPLE3, MEMOIZE]),
-            _ => self.write(&[TUPLE, MEMOIZE]),
-        }
+        let op = match len {
+            0 => return, // the empty tuple is not memoized
+            1 => TUPLE1,
+            2 => TUPLE2,
+            3 => TUPLE3,
+            _ => TUPLE,
+        };
+        self.write(&[op, MEMOIZE]);
+        self.memo_len += 1;
     }
 }
 
@@ -358,7 +438,7 @@ fn long1_len(v: i128) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::super::vectors::{check_encoding, encoding_vectors};
+    use super::super::vectors::{check_encoding, encoding_vectors, hex, Expected};
     use super::*;
 
     fn enc(v: &Value) -> Vec<u8> {
@@ -421,6 +501,59 @@ mod tests {
         let mut out = vec![0xaa];
         encode_pickle(&Value::None, &mut out);
         assert_eq!(out, b"\xaa\x80\x05N.");
+    }
+
+    #[test]
+    fn memo_indices_count_every_memoize() {
+        // Python: x = "mm"; pickle.dumps((b"p", (1, 2), ((), x, (x, x), "y", x)), 5)
+        let v = Value::tuple([
+            Value::bytes(b"p"),
+            Value::tuple([Value::from(1), Value::from(2)]),
+            Value::tuple([
+                Value::tuple([]),
+                Value::from("mm"),
+                Value::tuple([Value::from("mm"), Value::from("mm")]),
+                Value::from("y"),
+                Value::from("mm"),
+            ]),
+        ]);
+        let mut out = Vec::new();
+        encode_pickle_interned(&v, &["mm"], &mut out);
+        assert_eq!(
+            hex(&out),
+            "8005952200000000000000430170944b014b02869428298c026d6d946802680286948c0179946802749487942e"
+        );
+    }
+
+    #[test]
+    fn long_binget_from_memo_index_256() {
+        // Python: x = "mm"; pickle.dumps(tuple((k,) for k in range(256)) + (x, x), 5)
+        let mut out = Vec::new();
+        let mut w = PickleWriter::begin(&mut out);
+        w.begin_tuple(258);
+        for k in 0..256 {
+            w.begin_tuple(1);
+            w.save_i64(k);
+            w.end_tuple(1);
+        }
+        let index = w.save_str("mm");
+        assert_eq!(index, 256);
+        w.save_memo_get(index);
+        w.end_tuple(258);
+        w.finish();
+        // ... (255,) "mm" LONG_BINGET 256, TUPLE, MEMOIZE, STOP
+        assert_eq!(
+            hex(&out[out.len() - 19..]),
+            "85944bff85948c026d6d946a0001000074942e"
+        );
+        check_encoding(
+            "long binget",
+            &out,
+            &Expected::Digest {
+                len: 1049,
+                sha256: "b769f32c90809a8bd1a153ec32abe04db161f800bfbfac82f067f4b5f9f3d733",
+            },
+        );
     }
 
     #[test]

@@ -3,14 +3,18 @@
 /// A Python value as it appears inside a vLLM block-hash input.
 ///
 /// Block hashes are computed over `(parent_hash, tuple(token_ids), extra_keys)`,
-/// where `extra_keys` is `None` or a tuple of strings, bytes, ints and nested
-/// tuples. This enum covers exactly those types; it is what the CBOR and pickle
-/// encoders accept.
+/// where `extra_keys` is `None` or a tuple of tagged tuples of strings, bytes and
+/// ints. This enum covers exactly those types; it is what the CBOR and pickle
+/// encoders accept. It has no object identity: every `str`, `bytes` and tuple
+/// in it pickles as a distinct object (see the pickle module's notes).
 ///
 /// ```
 /// use kvpool::pool::hashing::Value;
-/// // ("my-lora", ("image-hash", 3))
-/// let keys = Value::tuple([Value::from("my-lora"), Value::tuple([Value::from("image-hash"), Value::from(3)])]);
+/// // (("lora", "my-lora", "/adapters/my-lora"), ("mm", "image-hash", 3))
+/// let keys = Value::tuple([
+///     Value::tuple([Value::from("lora"), Value::from("my-lora"), Value::from("/adapters/my-lora")]),
+///     Value::tuple([Value::from("mm"), Value::from("image-hash"), Value::from(3)]),
+/// ]);
 /// assert!(matches!(keys, Value::Tuple(ref items) if items.len() == 2));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -1,0 +1,574 @@
+"""Scheduler scenarios on every ``KVCacheManager`` implementation (plain-Python reference, Rust).
+
+Each test plays what vLLM's scheduler does (``get_computed_blocks`` for a waiting request, then
+``allocate_slots``; appending decoded tokens; freeing; preempting) and checks the exact block ids,
+block tables, computed tokens, events and statistics (``docs/semantics.md``, "Per-request
+manager"). Where only the reference can show it (free-queue order, reference counts), the test
+also looks at ``manager.pool``, the reference's ``BlockPool``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kvpool.reference
+from kvpool._errors import (
+    BlockStateError,
+    CachingDisabledError,
+    DtypeError,
+    InvalidArgumentError,
+    InvalidBlockIdError,
+    KVPoolError,
+)
+from kvpool.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpool.reference.manager import DuplicateRequestError, UnknownRequestError
+from kvpool.stats import PrefixCacheStats
+
+ReferenceManager = kvpool.reference.KVCacheManager
+RustManager = getattr(sys.modules["kvpool"], "KVCacheManager", None)
+
+MANAGER_IMPLS = [
+    pytest.param(ReferenceManager, id="reference"),
+    pytest.param(RustManager, id="rust", marks=pytest.mark.skipif(RustManager is None, reason="kvpool._core is not built")),
+]
+
+
+@pytest.fixture(params=MANAGER_IMPLS)
+def Manager(request: pytest.FixtureRequest) -> Any:
+    """Each KVCacheManager implementation in turn (the Rust one only when built)."""
+    return request.param
+
+
+PROMPT = list(range(100, 110))  # 10 tokens: 2 full blocks of 4 and a partial one
+
+
+def ids(array: Any) -> list[int]:
+    """Block ids as a list, checking they came as a 1-D int32 array."""
+    assert isinstance(array, np.ndarray) and array.dtype == np.int32 and array.ndim == 1, array
+    return [int(v) for v in array.tolist()]
+
+
+def hashes(m: Any, rid: Any) -> list[bytes]:
+    h = m.get_block_hashes(rid)
+    return list(h.to_list() if hasattr(h, "to_list") else h)
+
+
+def snapshot(m: Any) -> dict[str, Any]:
+    """Everything observable through the public API, plus the reference pool's internals."""
+    state: dict[str, Any] = {
+        "requests": {
+            rid: (
+                ids(m.get_block_ids(rid)),
+                m.get_num_tokens(rid),
+                m.get_num_computed_tokens(rid),
+                hashes(m, rid),
+            )
+            for rid in m.request_ids()
+        },
+        "free": m.get_num_free_blocks(),
+        "usage": m.get_usage(),
+        "stats": m.prefix_cache_stats,
+        "recent": m.recent_prefix_cache_stats,
+    }
+    if isinstance(m, ReferenceManager):
+        state["free_queue"] = m.pool.free_block_ids().tolist()
+        state["ref_counts"] = m.pool.ref_counts().tolist()
+        state["keys"] = [m.pool.block_hash(b) for b in range(m.num_blocks)]
+    return state
+
+
+def free_queue(m: Any) -> list[int] | None:
+    """The free queue, head first (reference only: the Rust manager has no API for it)."""
+    return m.pool.free_block_ids().tolist() if isinstance(m, ReferenceManager) else None
+
+
+def ref_counts(m: Any, blocks: list[int]) -> list[int] | None:
+    return [m.pool.ref_count(b) for b in blocks] if isinstance(m, ReferenceManager) else None
+
+
+def schedule(m: Any, rid: Any, budget: int, lookahead: int = 0) -> Any:
+    """What a scheduler does for one request: a waiting one looks up its prefix hit first."""
+    if len(m.get_block_ids(rid)) == 0 and m.get_num_computed_tokens(rid) == 0:
+        blocks, hit = m.get_computed_blocks(rid)
+        n = min(budget, m.get_num_tokens(rid) - hit)
+        return m.allocate_slots(rid, n, num_new_computed_tokens=hit, new_computed_blocks=blocks, num_lookahead_tokens=lookahead)
+    return m.allocate_slots(rid, budget, num_lookahead_tokens=lookahead)
+
+
+def stored(hs: list[bytes], parent: bytes | None, tokens: list[int], block_size: int = 4, **kw: Any) -> BlockStored:
+    return BlockStored(block_hashes=hs, parent_block_hash=parent, token_ids=tokens, block_size=block_size, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# Scenarios
+# --------------------------------------------------------------------------------------------
+
+
+def test_construction_and_properties(Manager: Any) -> None:
+    m = Manager(10, 4)
+    assert (m.num_blocks, m.block_size, m.enable_caching, m.hash_algo) == (10, 4, True, "sha256_cbor")
+    assert m.get_num_free_blocks() == 9 and m.get_usage() == 0.0 and len(m) == 0
+    assert m.prefix_cache_stats == PrefixCacheStats(0, 0, 0, 0)
+    assert Manager(10, 4, hash_algo="xxhash", enable_caching=False).hash_algo == "xxhash"
+    with pytest.raises(InvalidArgumentError):
+        Manager(10, 4, hash_algo="md5")
+    with pytest.raises(InvalidArgumentError):
+        Manager(0, 4)
+    with pytest.raises(InvalidArgumentError):
+        Manager(10, 0)
+    with pytest.raises(InvalidArgumentError):
+        Manager(10, 4, max_model_len=0)
+    with pytest.raises(TypeError):
+        Manager(10.0, 4)
+
+
+def test_reference_hashes_match_rust() -> None:
+    if RustManager is None:
+        pytest.skip("kvpool._core is not built")
+    for kw in [{}, {"hash_algo": "sha256"}, {"hash_algo": "xxhash_cbor", "seed": "s"}]:
+        a, b = ReferenceManager(8, 2, **kw), RustManager(8, 2, **kw)
+        extras = {"lora": ("l", "/p"), "cache_salt": "salt", "mm_features": [("img", 1, 2)]}
+        for m in (a, b):
+            m.add_request("r", [1, 2, 3, 4, 5], **extras)
+            m.append_token_ids("r", [6, 7])
+        assert hashes(a, "r") == hashes(b, "r") and len(hashes(a, "r")) == 3
+
+
+def test_prefill(Manager: Any) -> None:
+    m = Manager(10, 4, enable_events=True)
+    m.add_request("a", PROMPT)
+    assert "a" in m and m.request_ids() == ("a",) and m.get_num_tokens("a") == 10
+    blocks, hit = m.get_computed_blocks("a")
+    assert ids(blocks) == [] and hit == 0
+    assert ids(m.allocate_slots("a", 10, num_new_computed_tokens=0, new_computed_blocks=blocks)) == [1, 2, 3]
+    assert ids(m.get_block_ids("a")) == [1, 2, 3]
+    assert m.get_num_computed_tokens("a") == 10
+    assert m.get_num_free_blocks() == 6 and m.get_usage() == pytest.approx(3 / 9)
+    h = hashes(m, "a")
+    assert len(h) == 2 and all(len(x) == 32 for x in h)
+    assert m.take_events() == [stored(h, None, PROMPT[:8])]
+    assert free_queue(m) in (None, [4, 5, 6, 7, 8, 9])
+    m.check_invariants()
+
+
+def test_chunked_prefill(Manager: Any) -> None:
+    prompt = list(range(20))  # 5 full blocks
+    m = Manager(12, 4, enable_events=True)
+    m.add_request("a", prompt)
+    m.add_request("b", prompt)
+    h = hashes(m, "a")
+    assert ids(schedule(m, "a", 6)) == [1, 2]  # chunk 1: tokens 0..6, one full block
+    assert m.take_events() == [stored(h[:1], None, prompt[:4])]
+    assert ids(m.allocate_slots("a", 6)) == [3]  # chunk 2: tokens 6..12
+    assert m.take_events() == [stored(h[1:3], h[0], prompt[4:12])]
+    # A waiting request sees what is cached so far.
+    blocks, hit = m.get_computed_blocks("b")
+    assert (ids(blocks), hit) == ([1, 2, 3], 12)
+    assert ids(m.allocate_slots("a", 8)) == [4, 5]  # chunk 3: tokens 12..20
+    assert m.take_events() == [stored(h[3:5], h[2], prompt[12:20])]
+    assert m.get_num_computed_tokens("a") == 20
+    blocks, hit = m.get_computed_blocks("b")
+    assert (ids(blocks), hit) == ([1, 2, 3, 4], 16)  # capped below the last token
+    # A running request is never looked up again: its own cached chunks are no "hit".
+    m.append_token_ids("a", [99])
+    result = m.schedule_step(["a"], 1)
+    assert result.num_hit_tokens.tolist() == [0] and result.num_scheduled_tokens.tolist() == [1]
+    assert ids(result.block_ids) == [6] and result.allocated.tolist() == [True]
+    # The lookups so far: "a" once (while waiting), "b" twice.
+    assert m.prefix_cache_stats == PrefixCacheStats(requests=3, queries=60, hits=28)
+    m.check_invariants()
+
+
+def test_chunked_prefill_through_steps(Manager: Any) -> None:
+    prompt = list(range(20))
+    m = Manager(12, 4)
+    m.add_request("a", prompt)
+    # A running request's budget is the scheduler's chunk: the step does not cap it.
+    steps = [m.schedule_step(["a"], budget) for budget in (8, 8, 4)]
+    assert [s.num_scheduled_tokens.tolist() for s in steps] == [[8], [8], [4]]
+    assert [s.num_hit_tokens.tolist() for s in steps] == [[0], [0], [0]]
+    assert [ids(s.block_ids) for s in steps] == [[1, 2], [3, 4], [5]]
+    assert m.prefix_cache_stats.requests == 1  # looked up only while waiting
+    m.add_request("b", prompt)
+    s = m.schedule_step(["b"], 100)
+    assert s.num_hit_tokens.tolist() == [16] and s.num_scheduled_tokens.tolist() == [4]
+    assert ids(s.block_ids) == [6] and ids(m.get_block_ids("b")) == [1, 2, 3, 4, 6]
+
+
+def test_decode_across_block_boundaries(Manager: Any) -> None:
+    m = Manager(8, 4, enable_events=True)
+    prompt = PROMPT[:7]
+    m.add_request("a", prompt)
+    assert ids(schedule(m, "a", 7)) == [1, 2]
+    h0 = hashes(m, "a")
+    assert m.take_events() == [stored(h0, None, prompt[:4])]
+    m.append_token_ids("a", [7])  # the 8th token fills block 2: cached once computed
+    assert ids(m.allocate_slots("a", 1)) == []
+    h = hashes(m, "a")
+    assert h[:1] == h0 and len(h) == 2
+    assert m.take_events() == [stored(h[1:2], h[0], [*prompt, 7][4:8])]
+    m.append_token_ids("a", [8])  # the 9th token needs a third block
+    assert ids(m.allocate_slots("a", 1)) == [3]
+    assert m.take_events() == []
+    for t in (9, 10):
+        m.append_token_ids("a", [t])
+        assert ids(m.allocate_slots("a", 1)) == []
+    m.append_token_ids("a", [11])
+    assert ids(m.allocate_slots("a", 1)) == []
+    [event] = m.take_events()
+    assert isinstance(event, BlockStored) and event.token_ids == [8, 9, 10, 11]
+    assert m.get_num_computed_tokens("a") == 12 and ids(m.get_block_ids("a")) == [1, 2, 3]
+    m.check_invariants()
+
+
+def test_prefix_hits_between_requests(Manager: Any) -> None:
+    m = Manager(10, 4)
+    m.add_request("a", PROMPT)
+    assert ids(schedule(m, "a", 10)) == [1, 2, 3]
+    m.free("a")
+    assert "a" not in m and m.get_num_free_blocks() == 9
+    # Freed tail first: the partial block 3 goes to the head, the cached 2 and 1 to the tail.
+    assert free_queue(m) in (None, [3, 4, 5, 6, 7, 8, 9, 2, 1])
+
+    m.add_request("b", [*PROMPT[:8], 50, 51, 52])
+    blocks, hit = m.get_computed_blocks("b")
+    assert (ids(blocks), hit) == ([1, 2], 8)
+    assert ref_counts(m, [1, 2]) in (None, [0, 0])  # a lookup never touches
+    assert ids(m.allocate_slots("b", 3, num_new_computed_tokens=8, new_computed_blocks=blocks)) == [3]
+    assert ids(m.get_block_ids("b")) == [1, 2, 3] and m.get_num_computed_tokens("b") == 11
+    assert m.get_num_free_blocks() == 6  # the hits left the free queue
+    assert free_queue(m) in (None, [4, 5, 6, 7, 8, 9])
+
+    m.add_request("c", PROMPT[:9])  # 2 full blocks + 1 token: both blocks hit
+    blocks, hit = m.get_computed_blocks("c")
+    assert (ids(blocks), hit) == ([1, 2], 8)
+    assert ids(m.allocate_slots("c", 1, num_new_computed_tokens=8, new_computed_blocks=blocks)) == [4]
+    assert ref_counts(m, [1, 2, 3, 4]) in (None, [2, 2, 1, 1])
+    assert m.get_num_free_blocks() == 5
+    m.free("b")
+    assert ref_counts(m, [1, 2, 3]) in (None, [1, 1, 0])
+    assert m.get_num_free_blocks() == 6
+    m.check_invariants()
+
+
+def test_prompt_of_exactly_k_full_blocks_hits_at_most_k_minus_1(Manager: Any) -> None:
+    m = Manager(10, 4)
+    prompt = list(range(12))  # 3 full blocks
+    m.add_request("a", [*prompt, 12])
+    schedule(m, "a", 13)
+    m.add_request("b", prompt)
+    blocks, hit = m.get_computed_blocks("b")
+    assert (ids(blocks), hit) == ([1, 2], 8)
+    s = m.schedule_step(["b"], 100)
+    assert s.num_hit_tokens.tolist() == [8] and s.num_scheduled_tokens.tolist() == [4]
+    assert ids(s.block_ids) == [5]  # the third block is recomputed in a new block
+    m.add_request("c", prompt[:4])  # one full block: no hit at all
+    assert (ids(m.get_computed_blocks("c")[0]), m.get_computed_blocks("c")[1]) == ([], 0)
+
+
+def test_preemption_and_resume(Manager: Any) -> None:
+    m = Manager(10, 4, enable_events=True)
+    m.add_request("a", PROMPT)
+    assert ids(schedule(m, "a", 10)) == [1, 2, 3]
+    m.take_events()
+    m.preempt("a")
+    assert "a" in m and m.get_num_tokens("a") == 10
+    assert m.get_num_computed_tokens("a") == 0 and ids(m.get_block_ids("a")) == []
+    assert m.get_num_free_blocks() == 9
+    assert free_queue(m) in (None, [3, 4, 5, 6, 7, 8, 9, 2, 1])
+    assert m.take_events() == []  # freeing keeps hashes
+    blocks, hit = m.get_computed_blocks("a")
+    assert (ids(blocks), hit) == ([1, 2], 8)  # its own former blocks
+    assert m.prefix_cache_stats == PrefixCacheStats(requests=2, queries=20, hits=8, preempted_requests=1)
+    assert ids(m.allocate_slots("a", 2, num_new_computed_tokens=8, new_computed_blocks=blocks)) == [3]
+    assert ids(m.get_block_ids("a")) == [1, 2, 3] and m.get_num_computed_tokens("a") == 10
+    assert m.take_events() == []  # nothing newly full
+    m.check_invariants()
+
+
+def test_preemption_and_resume_through_a_step(Manager: Any) -> None:
+    m = Manager(10, 4)
+    m.add_request("a", PROMPT)
+    m.schedule_step(["a"], 10)
+    m.append_token_ids("a", [7, 8, 9])  # 13 tokens: 3 full blocks
+    m.allocate_slots("a", 3)
+    m.preempt("a")
+    s = m.schedule_step(["a"], 100)
+    assert s.num_hit_tokens.tolist() == [12] and s.num_scheduled_tokens.tolist() == [1]
+    assert ids(s.block_ids) == [4] and ids(m.get_block_ids("a")) == [1, 2, 3, 4]
+    assert m.prefix_cache_stats.preempted_requests == 1
+
+
+def test_allocation_failure_changes_nothing(Manager: Any) -> None:
+    m = Manager(5, 4, enable_events=True)  # 4 usable blocks
+    m.add_request("a", PROMPT)
+    assert ids(schedule(m, "a", 10)) == [1, 2, 3]
+    m.add_request("b", [*PROMPT[:8], *range(10)])  # 18 tokens, hits blocks 1 and 2 (in use)
+    blocks, hit = m.get_computed_blocks("b")
+    assert (ids(blocks), hit) == ([1, 2], 8)
+    m.take_events()
+    before = snapshot(m)
+    assert m.allocate_slots("b", 10, num_new_computed_tokens=8, new_computed_blocks=blocks) is None
+    assert snapshot(m) == before and m.take_events() == []
+    assert m.allocate_slots("a", 10) is None  # a running request too
+    assert snapshot(m) == before and m.take_events() == []
+
+    # Hits in the free queue count against the free blocks: 3 new + 2 evictable > 4 free.
+    m.free("a")
+    m.add_request("c", [*PROMPT[:8], *range(9)])  # 17 tokens: 5 blocks, 2 of them hits
+    blocks, hit = m.get_computed_blocks("c")
+    assert (ids(blocks), hit) == ([1, 2], 8)
+    m.take_events()
+    before = snapshot(m)
+    assert m.allocate_slots("c", 9, num_new_computed_tokens=8, new_computed_blocks=blocks) is None
+    assert snapshot(m) == before and m.take_events() == []
+    # A step marks it and changes nothing but the lookup's statistics.
+    s = m.schedule_step(["c"], 100)
+    assert s.allocated.tolist() == [False] and s.num_hit_tokens.tolist() == [0] and len(s.block_ids) == 0
+    after = snapshot(m)
+    assert after["stats"].requests == before["stats"].requests + 1
+    after["stats"], after["recent"] = before["stats"], before["recent"]
+    assert after == before and m.take_events() == []
+    # Without the hits, 4 blocks fit (evicting the cached ones from the queue's tail).
+    assert ids(m.allocate_slots("c", 16)) == [3, 4, 2, 1]
+    m.check_invariants()
+
+
+def test_step_stop_at_first_failure(Manager: Any) -> None:
+    m = Manager(5, 4)
+    for rid, n in [("a", 8), ("b", 20), ("c", 4)]:
+        m.add_request(rid, list(range(1000 * len(rid) + n, 1000 * len(rid) + 2 * n)))
+    s = m.schedule_step(["a", "b", "c"], 100)
+    assert s.allocated.tolist() == [True, False, True]
+    assert s.num_scheduled_tokens.tolist() == [8, 0, 4]
+    assert s.offsets.tolist() == [0, 2, 2, 3] and ids(s.block_ids) == [1, 2, 3]
+    m2 = Manager(5, 4)
+    for rid, n in [("a", 8), ("b", 20), ("c", 4)]:
+        m2.add_request(rid, list(range(1000 * len(rid) + n, 1000 * len(rid) + 2 * n)))
+    s = m2.schedule_step(["a", "b", "c"], [100, 100, 100], stop_at_first_failure=True)
+    assert s.allocated.tolist() == [True, False, False] and ids(s.block_ids) == [1, 2]
+    assert m2.prefix_cache_stats.requests == 2  # "c" was never looked up
+    for field in ("block_ids", "offsets", "num_scheduled_tokens", "num_hit_tokens", "allocated"):
+        assert getattr(s, field).dtype == {"block_ids": np.int32, "allocated": np.bool_}.get(field, np.int64)
+    assert len(s) == 3
+
+
+def test_lookahead_slots_are_never_cached(Manager: Any) -> None:
+    m = Manager(10, 4, enable_events=True)
+    m.add_request("a", list(range(8)))  # 2 full blocks, both hashed
+    assert ids(m.allocate_slots("a", 4, num_lookahead_tokens=4)) == [1, 2]
+    h = hashes(m, "a")
+    assert m.take_events() == [stored(h[:1], None, list(range(4)))]  # only the computed block
+    assert m.get_num_computed_tokens("a") == 4
+    m.add_request("b", list(range(8)) + [9])
+    assert m.get_computed_blocks("b")[1] == 4
+    # Draft tokens inside num_new_tokens are capped at the known tokens.
+    assert ids(m.allocate_slots("a", 4 + 3, num_lookahead_tokens=2)) == [3, 4]
+    assert m.take_events() == [stored(h[1:2], h[0], list(range(4, 8)))]
+    assert m.get_num_computed_tokens("a") == 11
+    m.set_num_computed_tokens("a", 9)  # drafts rejected
+    assert m.get_num_computed_tokens("a") == 9
+    with pytest.raises(InvalidArgumentError):
+        m.set_num_computed_tokens("a", 17)
+
+
+def test_reset_prefix_cache(Manager: Any) -> None:
+    m = Manager(10, 4, enable_events=True)
+    m.add_request("a", PROMPT)
+    schedule(m, "a", 10)
+    m.take_events()
+    before = snapshot(m)
+    assert m.reset_prefix_cache() is False
+    assert snapshot(m) == before and m.take_events() == []
+    m.add_request("b", PROMPT)
+    assert m.get_computed_blocks("b")[1] == 8  # still cached
+    m.free("a")
+    queue = free_queue(m)
+    assert m.reset_prefix_cache() is True
+    assert m.take_events() == [AllBlocksCleared()]
+    assert m.prefix_cache_stats == PrefixCacheStats(0, 0, 0, 0)
+    assert m.recent_prefix_cache_stats == PrefixCacheStats(0, 0, 0, 0)
+    assert free_queue(m) == queue  # the queue keeps its order
+    assert m.get_computed_blocks("b")[1] == 0
+    assert m.reset_prefix_cache() is True  # also when nothing is cached
+    m.check_invariants()
+
+
+def test_max_model_len_caps_slots(Manager: Any) -> None:
+    m = Manager(10, 4, max_model_len=10)
+    m.add_request("a", list(range(8)))
+    assert ids(m.allocate_slots("a", 8, num_lookahead_tokens=8)) == [1, 2, 3]  # min(16, 10) slots
+    assert ids(m.allocate_slots("a", 1, num_lookahead_tokens=100)) == []
+    assert ids(m.get_block_ids("a")) == [1, 2, 3] and m.get_num_free_blocks() == 6
+
+
+def test_stats(Manager: Any) -> None:
+    m = Manager(20, 4, stats_window=2)
+    m.add_request("a", PROMPT)
+    schedule(m, "a", 10)  # lookup: 10 tokens, 0 hits
+    m.add_request("b", PROMPT)
+    m.add_request("c", [*PROMPT, 1, 2])
+    m.get_computed_blocks("b")  # 10 tokens, 8 hits
+    m.get_computed_blocks("c")  # 12 tokens, 8 hits (the third block is partial in "a")
+    s = m.prefix_cache_stats
+    assert s == PrefixCacheStats(requests=3, queries=32, hits=16, preempted_requests=0)
+    assert s.hit_rate == 0.5
+    assert m.recent_prefix_cache_stats == PrefixCacheStats(requests=2, queries=22, hits=16)
+    assert Manager(4, 4).prefix_cache_stats.hit_rate == 0.0
+    off = Manager(20, 4, stats_window=0)
+    off.add_request("a", PROMPT)
+    off.get_computed_blocks("a")
+    assert off.prefix_cache_stats.requests == 1 and off.recent_prefix_cache_stats.requests == 0
+    no_cache = Manager(20, 4, enable_caching=False)
+    no_cache.add_request("a", PROMPT)
+    assert ids(no_cache.get_computed_blocks("a")[0]) == []
+    assert no_cache.prefix_cache_stats.requests == 0  # no lookup without a cache
+
+
+def test_events_evictions_before_stores(Manager: Any) -> None:
+    m = Manager(4, 2, enable_events=True)  # 3 usable blocks of 2 tokens
+    m.add_request("a", [0, 1, 2, 3, 4, 5], lora=("adapter", "/path"), lora_id=7)
+    assert ids(schedule(m, "a", 6)) == [1, 2, 3]
+    ha = hashes(m, "a")
+    assert m.take_events() == [stored(ha, None, [0, 1, 2, 3, 4, 5], 2, lora_id=7, lora_name="adapter")]
+    m.free("a")  # all cached: appended in reverse, 3 first
+    m.add_request("b", [9, 9, 9, 9, 9])
+    assert ids(schedule(m, "b", 5)) == [3, 2, 1]
+    hb = hashes(m, "b")
+    assert m.take_events() == [
+        BlockRemoved(block_hashes=[ha[2]]),
+        BlockRemoved(block_hashes=[ha[1]]),
+        BlockRemoved(block_hashes=[ha[0]]),
+        stored(hb, None, [9, 9, 9, 9], 2),
+    ]
+    assert Manager(4, 2).take_events() == []  # events off
+
+
+def test_free_many_and_append_many(Manager: Any) -> None:
+    m = Manager(10, 2)
+    for rid in ("a", 1, "b"):
+        m.add_request(rid, [5, 6, 7])
+        schedule(m, rid, 3)
+    assert m.request_ids() == (1, "a", "b") and len(m) == 3
+    m.append_token_ids_many(["a", 1], [8, 9])
+    assert (m.get_num_tokens("a"), m.get_num_tokens(1)) == (4, 4)
+    m.append_token_ids_many(["a", "b"], np.array([1, 2, 3], dtype=np.int64), [0, 1, 3])
+    assert (m.get_num_tokens("a"), m.get_num_tokens("b")) == (5, 5)
+    m.free_many(["a", 1])
+    assert m.request_ids() == ("b",)
+
+
+# --------------------------------------------------------------------------------------------
+# Errors: each raises its specific exception and changes nothing.
+# --------------------------------------------------------------------------------------------
+
+
+def started_manager(Manager: Any) -> Any:
+    m = Manager(10, 4, enable_events=True)
+    m.add_request("a", PROMPT)
+    schedule(m, "a", 10)
+    m.add_request("b", [*PROMPT[:8], 1, 2, 3])
+    m.add_request("w", [7, 7, 7, 7, 7])  # waiting, no hit
+    m.add_request("1", [3])  # a str id, not the int 1
+    m.take_events()
+    return m
+
+
+ERROR_CASES: list[tuple[str, type[BaseException], Any]] = [
+    # unknown ids
+    ("get_computed_blocks unknown", UnknownRequestError, lambda m: m.get_computed_blocks("zz")),
+    ("allocate_slots unknown", UnknownRequestError, lambda m: m.allocate_slots("zz", 1)),
+    ("append unknown", UnknownRequestError, lambda m: m.append_token_ids("zz", [1])),
+    ("free unknown", UnknownRequestError, lambda m: m.free("zz")),
+    ("preempt unknown", UnknownRequestError, lambda m: m.preempt("zz")),
+    ("get_block_ids unknown", UnknownRequestError, lambda m: m.get_block_ids(3)),
+    ("str and int ids differ", UnknownRequestError, lambda m: m.free(1)),
+    ("set computed unknown", UnknownRequestError, lambda m: m.set_num_computed_tokens("zz", 0)),
+    ("step with an unknown id", UnknownRequestError, lambda m: m.schedule_step(["w", "zz"], 4)),
+    ("free_many with an unknown id", UnknownRequestError, lambda m: m.free_many(["a", "zz"])),
+    ("append_many with an unknown id", UnknownRequestError, lambda m: m.append_token_ids_many(["a", "zz"], [1, 2])),
+    # adding
+    ("duplicate add", DuplicateRequestError, lambda m: m.add_request("a", [1, 2, 3])),
+    ("empty prompt", InvalidArgumentError, lambda m: m.add_request("new", [])),
+    ("unsorted mm features", InvalidArgumentError, lambda m: m.add_request("new", [1], mm_features=[("x", 3, 1), ("y", 1, 1)])),
+    ("bad lora", DtypeError, lambda m: m.add_request("new", [1], lora=["n", "p"])),
+    # allocate_slots arguments
+    ("nothing to allocate", InvalidArgumentError, lambda m: m.allocate_slots("w", 0)),
+    ("nothing to allocate with lookahead", InvalidArgumentError, lambda m: m.allocate_slots("w", 0, num_lookahead_tokens=4)),
+    ("hit tokens without blocks", InvalidArgumentError, lambda m: m.allocate_slots("b", 3, num_new_computed_tokens=8)),
+    ("hit tokens not matching the blocks", InvalidArgumentError,
+     lambda m: m.allocate_slots("b", 3, num_new_computed_tokens=4, new_computed_blocks=[1, 2])),
+    ("hits out of order", BlockStateError, lambda m: m.allocate_slots("b", 3, num_new_computed_tokens=8, new_computed_blocks=[2, 1])),
+    ("another prefix's blocks", BlockStateError, lambda m: m.allocate_slots("w", 1, num_new_computed_tokens=4, new_computed_blocks=[1])),
+    ("an uncached block", BlockStateError, lambda m: m.allocate_slots("b", 3, num_new_computed_tokens=8, new_computed_blocks=[1, 3])),
+    ("the null block", BlockStateError, lambda m: m.allocate_slots("b", 7, num_new_computed_tokens=4, new_computed_blocks=[0])),
+    ("more hits than full blocks", InvalidArgumentError,
+     lambda m: m.allocate_slots("w", 1, num_new_computed_tokens=8, new_computed_blocks=[1, 2])),
+    ("hits for a running request", InvalidArgumentError,
+     lambda m: m.allocate_slots("a", 1, num_new_computed_tokens=4, new_computed_blocks=[1])),
+    ("a block id out of range", InvalidBlockIdError, lambda m: m.allocate_slots("b", 3, num_new_computed_tokens=4, new_computed_blocks=[10])),
+    ("a negative block id", InvalidBlockIdError, lambda m: m.allocate_slots("b", 3, num_new_computed_tokens=4, new_computed_blocks=[-1])),
+    # dtypes
+    ("float count", DtypeError, lambda m: m.allocate_slots("w", 1.0)),
+    ("float block ids", DtypeError, lambda m: m.allocate_slots("b", 3, num_new_computed_tokens=8, new_computed_blocks=np.array([1.0, 2.0]))),
+    ("2-D block ids", DtypeError, lambda m: m.allocate_slots("b", 3, num_new_computed_tokens=8, new_computed_blocks=np.array([[1, 2]]))),
+    ("str prompt", DtypeError, lambda m: m.add_request("new", "abc")),
+    ("float tokens", DtypeError, lambda m: m.append_token_ids("a", [1.5])),
+    ("bool request id", DtypeError, lambda m: m.get_num_tokens(True)),
+    ("float request id", DtypeError, lambda m: m.free(1.5)),
+    ("one str as request ids", DtypeError, lambda m: m.free_many("a")),
+    ("int as stop flag", DtypeError, lambda m: m.schedule_step(["w"], 4, stop_at_first_failure=1)),
+    ("float budget", DtypeError, lambda m: m.schedule_step(["w"], 4.0)),
+    # negative counts
+    ("negative num_new_tokens", InvalidArgumentError, lambda m: m.allocate_slots("a", -1)),
+    ("negative lookahead", InvalidArgumentError, lambda m: m.allocate_slots("a", 1, num_lookahead_tokens=-1)),
+    ("negative hit tokens", InvalidArgumentError, lambda m: m.allocate_slots("a", 1, num_new_computed_tokens=-4)),
+    ("negative computed tokens", InvalidArgumentError, lambda m: m.set_num_computed_tokens("a", -1)),
+    ("negative step budget", InvalidArgumentError, lambda m: m.schedule_step(["w", "b"], [4, -1])),
+    ("negative step lookahead", InvalidArgumentError, lambda m: m.schedule_step(["w"], 4, num_lookahead_tokens=-1)),
+    ("budgets of the wrong length", InvalidArgumentError, lambda m: m.schedule_step(["w", "b"], [4])),
+    # many
+    ("free_many with a duplicate", InvalidArgumentError, lambda m: m.free_many(["a", "b", "a"])),
+    ("append_many with bad offsets", InvalidArgumentError, lambda m: m.append_token_ids_many(["a", "b"], [1, 2], [0, 2, 1])),
+    ("append_many with too few tokens", InvalidArgumentError, lambda m: m.append_token_ids_many(["a", "b"], [1])),
+]
+
+
+@pytest.mark.parametrize(("case", "error", "call"), ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_errors_change_nothing(Manager: Any, case: str, error: type[BaseException], call: Any) -> None:
+    m = started_manager(Manager)
+    before = snapshot(m)
+    with pytest.raises(error) as info:
+        call(m)
+    assert type(info.value) is error and isinstance(info.value, KVPoolError)
+    assert snapshot(m) == before and m.take_events() == []
+    m.check_invariants()
+
+
+def test_error_classes(Manager: Any) -> None:
+    m = Manager(4, 4)
+    with pytest.raises(KeyError):
+        m.free("nope")
+    m.add_request("a", [1])
+    with pytest.raises(ValueError):
+        m.add_request("a", [1])
+
+
+def test_caching_disabled(Manager: Any) -> None:
+    m = Manager(10, 4, enable_caching=False, enable_events=True)
+    m.add_request("a", PROMPT)
+    assert ids(schedule(m, "a", 10)) == [1, 2, 3]
+    assert m.take_events() == []
+    m.free("a")  # uncached blocks are prepended in the order freed: 3, 2, 1
+    assert free_queue(m) in (None, [3, 2, 1, 4, 5, 6, 7, 8, 9])
+    m.add_request("b", PROMPT)
+    assert ids(m.get_computed_blocks("b")[0]) == []
+    before = snapshot(m)
+    with pytest.raises(CachingDisabledError):
+        m.allocate_slots("b", 2, num_new_computed_tokens=4, new_computed_blocks=[1])
+    assert snapshot(m) == before
+    assert ids(schedule(m, "b", 10)) == [3, 2, 1]
