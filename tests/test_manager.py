@@ -561,6 +561,7 @@ def test_error_classes(Manager: Any) -> None:
 def test_caching_disabled(Manager: Any) -> None:
     m = Manager(10, 4, enable_caching=False, enable_events=True)
     m.add_request("a", PROMPT)
+    assert hashes(m, "a") == []  # as vLLM: no block hashing without prefix caching
     assert ids(schedule(m, "a", 10)) == [1, 2, 3]
     assert m.take_events() == []
     m.free("a")  # uncached blocks are prepended in the order freed: 3, 2, 1
@@ -572,3 +573,27 @@ def test_caching_disabled(Manager: Any) -> None:
         m.allocate_slots("b", 2, num_new_computed_tokens=4, new_computed_blocks=[1])
     assert snapshot(m) == before
     assert ids(schedule(m, "b", 10)) == [3, 2, 1]
+
+
+def test_huge_counts_do_not_wrap_around(Manager: Any, request: pytest.FixtureRequest) -> None:
+    """``computed + new + lookahead`` beyond 2**64 needs more blocks than any pool has: the call
+    must fail (``None``, or an ``InvalidArgumentError``) and change nothing."""
+    if Manager is RustManager:
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="Rust sums the counts in usize and wraps: it 'allocates' 0 blocks")
+        )
+    m = Manager(10, 4)
+    m.add_request("a", PROMPT)
+    m.allocate_slots("a", 10)
+    before = snapshot(m)
+    huge = 2**63 - 1
+    try:
+        assert m.allocate_slots("a", huge, num_lookahead_tokens=huge) is None
+    except InvalidArgumentError:
+        pass
+    assert snapshot(m) == before
+    try:
+        assert m.schedule_step(["a"], huge, num_lookahead_tokens=huge).allocated.tolist() == [False]
+    except InvalidArgumentError:
+        pass
+    assert snapshot(m) == before

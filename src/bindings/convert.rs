@@ -150,11 +150,13 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
 
 #[inline]
 fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
-    if item.is_instance_of::<PyFloat>() || item.is_instance_of::<PyString>() {
-        return Err(dtype_error(container, what));
-    }
+    // Ints (and numpy ints, via __index__) succeed at once; floats and str have no
+    // __index__, so they fail here and are classified below.
     match item.extract::<i64>() {
         Ok(v) => Ok(v),
+        Err(_) if item.is_instance_of::<PyFloat>() || item.is_instance_of::<PyString>() => {
+            Err(dtype_error(container, what))
+        }
         Err(_) if item.extract::<i128>().is_ok() => Err(error(
             item.py(),
             ErrorKind::InvalidArgument,
@@ -343,4 +345,24 @@ pub fn opt_bool_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool) -
         Some(o) if !o.is_none() => bool_arg(o, what),
         _ => Ok(default),
     }
+}
+
+/// Calls `f` with `obj`'s integers as `i64`s: borrowed in place from a contiguous
+/// `int64` numpy array (no copy), else converted by [`extract_i64s`]. The GIL stays
+/// held while `f` runs, so the array cannot change under it.
+pub fn with_i64s<R>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    f: impl FnOnce(&[i64]) -> R,
+) -> PyResult<R> {
+    if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
+        if let Ok(ro) = arr.try_readonly() {
+            if let Ok(slice) = ro.as_slice() {
+                return Ok(f(slice));
+            }
+        }
+    }
+    let mut owned = Vec::new();
+    extract_i64s(obj, what, &mut owned)?;
+    Ok(f(&owned))
 }

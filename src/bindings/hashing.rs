@@ -7,7 +7,7 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyList, PySlice, PyString, PyTuple};
 
-use super::convert::{extract_i64s, int_arg, type_name};
+use super::convert::{extract_i64s, int_arg, type_name, with_i64s};
 use super::errors::{error, ErrorKind};
 use crate::pool::hashing::{self, none_hash, BlockHasher, Encoding, HashAlgo, MmFeature, Value};
 use crate::pool::{HashSlice, SequenceExtras};
@@ -386,16 +386,20 @@ impl PyBlockHasher {
         prompt_embed_digests: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyBlockHashList> {
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
-        let mut tokens = Vec::new();
-        extract_i64s(token_ids, "token_ids", &mut tokens)?;
-        let mut out = Vec::with_capacity(tokens.len() / self.block_size * self.algo.digest_len());
+        let (none, bs) = (&self.none_hash, self.block_size);
         let mut guard = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
         let hasher: &mut BlockHasher = &mut guard;
-        let (none, bs) = (&self.none_hash, self.block_size);
-        if tokens.len() > 4096 {
+        let mut out = Vec::new();
+        let long = with_i64s(token_ids, "token_ids", |tokens| {
+            if tokens.len() > 4096 {
+                return Some(tokens.to_vec()); // long: hash with the GIL released, below
+            }
+            out.reserve(tokens.len() / bs * self.algo.digest_len());
+            hasher.update_chain(none, tokens, bs, &extras.inputs(), &mut out);
+            None
+        })?;
+        if let Some(tokens) = long {
             py.detach(|| hasher.update_chain(none, &tokens, bs, &extras.inputs(), &mut out));
-        } else {
-            hasher.update_chain(none, &tokens, bs, &extras.inputs(), &mut out);
         }
         Ok(PyBlockHashList::new(out, self.algo))
     }

@@ -451,7 +451,7 @@ class KVCacheManager:
         self._requests[rid] = _Request(
             tokens=tokens,
             extras=extras,
-            block_hashes=self._hash(tokens, **extras.as_kwargs()),
+            block_hashes=self._block_hashes(tokens, extras),
             lora_id=lora_int,
         )
 
@@ -473,14 +473,21 @@ class KVCacheManager:
     def _append(self, request: _Request, tokens: list[int]) -> None:
         request.tokens.extend(tokens)
         # Hashes are chained and cover full blocks only, so rehashing keeps the old ones as a prefix.
-        request.block_hashes = self._hash(request.tokens, **request.extras.as_kwargs())
+        request.block_hashes = self._block_hashes(request.tokens, request.extras)
+
+    def _block_hashes(self, tokens: list[int], extras: _Extras) -> list[bytes]:
+        """The hashes of the full blocks of ``tokens``; none without prefix caching (as vLLM,
+        which has no block hasher then: nothing would read them)."""
+        if not self.pool.enable_caching:
+            return []
+        return self._hash(tokens, **extras.as_kwargs())
 
     def get_block_ids(self, request_id: RequestId) -> npt.NDArray[np.int32]:
         """The request's block table (int32)."""
         return np.array(self._get(_request_id(request_id)).blocks, dtype=np.int32)
 
     def get_block_hashes(self, request_id: RequestId) -> list[bytes]:
-        """The request's block hashes (full blocks)."""
+        """The request's block hashes (full blocks; none without prefix caching)."""
         return list(self._get(_request_id(request_id)).block_hashes)
 
     def get_num_tokens(self, request_id: RequestId) -> int:

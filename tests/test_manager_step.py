@@ -1,0 +1,284 @@
+"""``schedule_step`` is exactly the one-by-one calls a scheduler would make.
+
+For a waiting request (no blocks, nothing computed) a scheduler calls ``get_computed_blocks``,
+then ``allocate_slots(id, min(budget, num_tokens - hit), num_new_computed_tokens=hit,
+new_computed_blocks=blocks, num_lookahead_tokens=...)``; for a running one
+``allocate_slots(id, budget, num_lookahead_tokens=...)``; with ``stop_at_first_failure`` it stops
+at the first request that does not fit. A request with nothing to schedule (``budget`` 0 and no
+hit) is not allocated (``allocate_slots`` would refuse it) and counts as a failure.
+
+Hypothesis draws a history of steps mixed with appends, frees and preemptions, and plays it on
+two managers built identically: one takes each step through ``schedule_step``, the other through
+those calls. After every operation the returned values and everything observable (block tables,
+token and computed counts, free blocks, usage, statistics, events) must agree. The same history
+then compares the Rust ``schedule_step`` with the reference's.
+
+``KVPOOL_HYPOTHESIS_EXAMPLES`` sets the number of examples (default 300).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import kvpool.reference
+from kvpool.reference.manager import UnknownRequestError
+
+ReferenceManager = kvpool.reference.KVCacheManager
+RustManager = getattr(sys.modules["kvpool"], "KVCacheManager", None)
+
+SETTINGS = settings(
+    max_examples=int(os.environ.get("KVPOOL_HYPOTHESIS_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+RIDS: list[str | int] = ["a", "b", "c", 0, 1]
+STEP_FIELDS = ("block_ids", "offsets", "num_scheduled_tokens", "num_hit_tokens", "allocated")
+STEP_DTYPES = {"block_ids": np.int32, "allocated": np.bool_}
+
+
+def needs_rust() -> Any:
+    if RustManager is None:
+        pytest.skip("kvpool._core is not built")
+    return RustManager
+
+
+# --------------------------------------------------------------------------------------------
+# The scheduler's one-by-one calls
+# --------------------------------------------------------------------------------------------
+
+
+def step_by_calls(m: Any, ids: list[Any], budgets: list[int], lookaheads: list[int], stop: bool) -> dict[str, Any]:
+    """What ``schedule_step`` must return, made of ``get_computed_blocks`` / ``allocate_slots``."""
+    block_ids: list[int] = []
+    offsets = [0]
+    scheduled: list[int] = []
+    hit_tokens: list[int] = []
+    allocated: list[bool] = []
+    stopped = False
+    for rid, budget, lookahead in zip(ids, budgets, lookaheads):
+        new, ok, num_new, num_hit = None, False, 0, 0
+        if not stopped:
+            if len(m.get_block_ids(rid)) == 0 and m.get_num_computed_tokens(rid) == 0:
+                blocks, num_hit = m.get_computed_blocks(rid)
+                num_new = min(budget, m.get_num_tokens(rid) - num_hit)
+                if num_new + num_hit > 0:
+                    new = m.allocate_slots(
+                        rid,
+                        num_new,
+                        num_new_computed_tokens=num_hit,
+                        new_computed_blocks=blocks,
+                        num_lookahead_tokens=lookahead,
+                    )
+            else:
+                num_new = budget
+                if num_new > 0:
+                    new = m.allocate_slots(rid, num_new, num_lookahead_tokens=lookahead)
+            ok = new is not None
+            if new is not None:
+                block_ids.extend(new.tolist())
+            stopped = stop and not ok
+        scheduled.append(num_new if ok else 0)
+        hit_tokens.append(num_hit if ok else 0)
+        allocated.append(ok)
+        offsets.append(len(block_ids))
+    return {
+        "block_ids": ("<i4", block_ids),
+        "offsets": ("<i8", offsets),
+        "num_scheduled_tokens": ("<i8", scheduled),
+        "num_hit_tokens": ("<i8", hit_tokens),
+        "allocated": ("|b1", allocated),
+    }
+
+
+def step_result(result: Any) -> dict[str, Any]:
+    """A ``StepResult`` (Rust or reference) as ``{field: (dtype, values)}``."""
+    out = {}
+    for name in STEP_FIELDS:
+        array = getattr(result, name)
+        assert isinstance(array, np.ndarray) and array.ndim == 1 and array.dtype == STEP_DTYPES.get(name, np.int64)
+        out[name] = (array.dtype.str, array.tolist())
+    assert len(result) == len(out["allocated"][1])
+    return out
+
+
+def observe(m: Any) -> dict[str, Any]:
+    """Everything observable through the public API (takes the pending events)."""
+    requests = {}
+    for rid in m.request_ids():
+        h = m.get_block_hashes(rid)
+        requests[rid] = (
+            m.get_block_ids(rid).tolist(),
+            m.get_num_tokens(rid),
+            m.get_num_computed_tokens(rid),
+            list(h.to_list() if hasattr(h, "to_list") else h),
+        )
+    return {
+        "requests": requests,
+        "free": m.get_num_free_blocks(),
+        "usage": m.get_usage(),
+        "stats": m.prefix_cache_stats,
+        "recent": m.recent_prefix_cache_stats,
+        "events": m.take_events(),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Histories
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    num_blocks: int
+    block_size: int
+    kwargs: dict[str, Any]
+
+    def build(self, cls: Any) -> Any:
+        return cls(self.num_blocks, self.block_size, enable_events=True, **self.kwargs)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    kwargs: dict[str, Any] = {}
+    if draw(st.integers(0, 7)) == 0:
+        kwargs["enable_caching"] = False
+    if draw(st.integers(0, 3)) == 0:
+        kwargs["max_model_len"] = draw(st.integers(1, 40))
+    kwargs["stats_window"] = draw(st.integers(0, 3))
+    return Config(draw(st.integers(4, 40)), draw(st.integers(1, 4)), kwargs)
+
+
+@st.composite
+def prompts(draw: st.DrawFn) -> list[int]:
+    """Token lists over a tiny alphabet, often sharing a prefix with another prompt."""
+    base = [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]
+    shared = base[: draw(st.integers(0, len(base)))]
+    return shared + draw(st.lists(st.integers(0, 3), max_size=8))
+
+
+def per_request_form(draw: st.DrawFn, values: list[int], allow_none: bool = False) -> Any:
+    """One int for all (when they agree), a list or a numpy array, or None for all zeros."""
+    forms = ["list", "int64", "int32"]
+    if values and len(set(values)) == 1:
+        forms.append("scalar")
+    if allow_none and not any(values):
+        forms.append("none")
+    form = draw(st.sampled_from(forms))
+    if form == "scalar":
+        return values[0]
+    if form == "none":
+        return None
+    if form == "list":
+        return list(values)
+    return np.array(values, dtype=form)
+
+
+@st.composite
+def operations(draw: st.DrawFn) -> list[tuple[Any, ...]]:
+    ops: list[tuple[Any, ...]] = [("add", rid, draw(prompts())) for rid in RIDS[: draw(st.integers(1, len(RIDS)))]]
+    for _ in range(draw(st.integers(1, 14))):
+        kind = draw(st.sampled_from(["step", "step", "step", "step", "append", "free", "preempt", "add"]))
+        rid = draw(st.sampled_from(RIDS))
+        if kind == "step":
+            ids = draw(st.lists(st.sampled_from(RIDS), max_size=5))
+            budgets = draw(st.lists(st.integers(0, 12), min_size=len(ids), max_size=len(ids)))
+            if draw(st.booleans()) and ids:
+                budgets = [budgets[0]] * len(ids)
+            lookaheads = draw(st.lists(st.integers(0, 3), min_size=len(ids), max_size=len(ids)))
+            if draw(st.booleans()):
+                lookaheads = [0] * len(ids)
+            budget_arg = per_request_form(draw, budgets)
+            lookahead_arg = per_request_form(draw, lookaheads, allow_none=True)
+            stop = draw(st.sampled_from([None, False, True]))
+            ops.append(("step", ids, budgets, lookaheads, budget_arg, lookahead_arg, stop))
+        elif kind == "append":
+            ops.append(("append", rid, draw(st.lists(st.integers(0, 3), min_size=1, max_size=4))))
+        elif kind == "add":
+            ops.append(("add", rid, draw(prompts())))
+        else:
+            ops.append((kind, rid))
+    return ops
+
+
+def play(ops: list[tuple[Any, ...]], subject: Any, oracle: Any, *, oracle_steps_by_calls: bool) -> None:
+    """Apply ``ops`` to both managers, comparing results and state after each one."""
+    for op in ops:
+        kind = op[0]
+        if kind == "step":
+            _, ids, budgets, lookaheads, budget_arg, lookahead_arg, stop = op
+            known = all(rid in oracle for rid in ids)
+            kwargs = {"num_lookahead_tokens": lookahead_arg, "stop_at_first_failure": stop}
+            if not known:
+                for m in (subject, oracle):
+                    with pytest.raises(UnknownRequestError):
+                        m.schedule_step(ids, budget_arg, **kwargs)
+            else:
+                got = step_result(subject.schedule_step(ids, budget_arg, **kwargs))
+                if oracle_steps_by_calls:
+                    want = step_by_calls(oracle, ids, budgets, lookaheads, bool(stop))
+                else:
+                    want = step_result(oracle.schedule_step(ids, budget_arg, **kwargs))
+                assert got == want, f"step {ids} {budgets} {lookaheads} stop={stop}"
+                ok = got["allocated"][1]
+                event(f"step: {'some' if not all(ok) else 'no'} failure, {'a' if any(got['num_hit_tokens'][1]) else 'no'} hit")
+        else:
+            outcomes = []
+            for m in (subject, oracle):
+                try:
+                    if kind == "add":
+                        m.add_request(op[1], op[2])
+                    elif kind == "append":
+                        m.append_token_ids(op[1], op[2])
+                    elif kind == "free":
+                        m.free(op[1])
+                    else:
+                        m.preempt(op[1])
+                    outcomes.append(None)
+                except Exception as e:  # noqa: BLE001  (compared below)
+                    outcomes.append(type(e))
+            assert outcomes[0] == outcomes[1], f"{op}: {outcomes}"
+        assert observe(subject) == observe(oracle), f"after {op}"
+        subject.check_invariants()
+        oracle.check_invariants()
+
+
+# --------------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(config=configs(), ops=operations())
+def test_reference_step_is_the_one_by_one_calls(config: Config, ops: list[tuple[Any, ...]]) -> None:
+    play(ops, config.build(ReferenceManager), config.build(ReferenceManager), oracle_steps_by_calls=True)
+
+
+def test_rust_step_is_the_one_by_one_calls() -> None:
+    cls = needs_rust()
+
+    @SETTINGS
+    @given(config=configs(), ops=operations())
+    def check(config: Config, ops: list[tuple[Any, ...]]) -> None:
+        play(ops, config.build(cls), config.build(cls), oracle_steps_by_calls=True)
+
+    check()
+
+
+def test_rust_step_matches_reference_step() -> None:
+    cls = needs_rust()
+
+    @SETTINGS
+    @given(config=configs(), ops=operations())
+    def check(config: Config, ops: list[tuple[Any, ...]]) -> None:
+        play(ops, config.build(cls), config.build(ReferenceManager), oracle_steps_by_calls=False)
+
+    check()
