@@ -9,15 +9,18 @@ from dataclasses import dataclass
 class PrefixCacheStats:
     """Token-level prefix-cache lookups: how many were asked for and found.
 
-    ``queries`` counts the tokens of every request looked up by
-    ``get_computed_blocks`` (or a step that started it); ``hits`` the tokens found
-    already computed. ``preempted_requests`` counts lookups by resumed requests.
+    Recorded as vLLM 0.33 records them: when a waiting request is admitted (its first
+    successful allocation), so the lookups of a request that stays waiting do not count.
+    ``requests`` / ``queries`` / ``hits``: new requests admitted, their tokens, and those
+    found already computed; the ``preempted_*`` fields the same for resumed requests.
     """
 
     requests: int
     queries: int
     hits: int
     preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
 
     @property
     def hit_rate(self) -> float:

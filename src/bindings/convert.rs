@@ -157,7 +157,7 @@ fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -
         Err(_) if item.is_instance_of::<PyFloat>() || item.is_instance_of::<PyString>() => {
             Err(dtype_error(container, what))
         }
-        Err(_) if item.extract::<i128>().is_ok() => Err(error(
+        Err(_) if item.is_instance_of::<pyo3::types::PyInt>() => Err(error(
             item.py(),
             ErrorKind::InvalidArgument,
             format!("{what} holds an integer beyond int64"),

@@ -154,8 +154,9 @@ impl PyBlockHashList {
             }
             Err(_) => match other.cast::<PyList>() {
                 Ok(list) => {
+                    let len = self.len();
                     let bytes = self.bytes();
-                    list.len() == self.len()
+                    list.len() == len
                         && list
                             .iter()
                             .zip(bytes.chunks_exact(self.width))
@@ -220,20 +221,19 @@ pub fn extract_extras(
             .map_err(|_| error(py, ErrorKind::Dtype, "mm_features must be a sequence"))?
         {
             let item = item?;
-            let (identifier, offset, length): (String, i64, i64) = item.extract().map_err(|_| {
-                error(
-                    py,
-                    ErrorKind::Dtype,
-                    format!("each mm feature must be an (identifier: str, offset: int, length: int) tuple, got {}", type_name(&item)),
-                )
-            })?;
-            if offset < 0 || length < 0 {
-                return Err(error(
-                    py,
-                    ErrorKind::InvalidArgument,
-                    "mm feature offset and length must be >= 0",
-                ));
-            }
+            let (identifier, offset, length): (String, Bound<'_, PyAny>, Bound<'_, PyAny>) =
+                item.extract().map_err(|_| {
+                    error(
+                        py,
+                        ErrorKind::Dtype,
+                        format!(
+                            "each mm feature must be an (identifier: str, offset: int, length: int) tuple, got {}",
+                            type_name(&item)
+                        ),
+                    )
+                })?;
+            let offset = int_arg(&offset, "mm feature offset", 0, i64::MAX)?;
+            let length = int_arg(&length, "mm feature length", 0, i64::MAX)?;
             extras
                 .mm_features
                 .push(MmFeature::new(identifier, offset as usize, length as usize));

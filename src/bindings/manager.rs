@@ -82,6 +82,8 @@ fn stats_to_py<'py>(py: Python<'py>, stats: &PrefixCacheStats) -> PyResult<Bound
         stats.queries,
         stats.hits,
         stats.preempted_requests,
+        stats.preempted_queries,
+        stats.preempted_hits,
     ))
 }
 
@@ -435,6 +437,23 @@ impl PyKVCacheManager {
         let id = super::requests::request_id(request_id)?;
         let n = int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)? as usize;
         self.manager().set_num_computed_tokens(&id, n).py_err(py)
+    }
+
+    /// The pool's free queue, head (next to be reused) to tail (introspection).
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let ids: Vec<u32> = self.manager().pool().free_block_ids().collect();
+        ids_to_numpy(py, &ids)
+    }
+
+    /// Every block's reference count, in id order (introspection).
+    fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let counts: Vec<i32> = self
+            .manager()
+            .pool()
+            .ref_counts()
+            .map(|c| c.min(i32::MAX as u32) as i32)
+            .collect();
+        PyArray1::from_vec(py, counts)
     }
 
     /// Fraction of usable blocks in use.

@@ -16,6 +16,13 @@ pub fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
         if let Ok(i) = obj.extract::<i64>() {
             return Ok(RequestId::Int(i));
         }
+        if obj.is_instance_of::<pyo3::types::PyInt>() {
+            return Err(error(
+                obj.py(),
+                ErrorKind::InvalidArgument,
+                "an int request id must fit in int64",
+            ));
+        }
     }
     Err(error(
         obj.py(),

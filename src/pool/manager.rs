@@ -76,17 +76,23 @@ struct RequestState {
     num_preemptions: u32,
 }
 
-/// Prefix-cache statistics: token queries and hits of `get_computed_blocks`.
+/// Prefix-cache statistics, recorded as vLLM 0.33 records them: when a waiting
+/// request is admitted (its first successful allocation), so lookups of requests
+/// that stay waiting are not counted; resumed (preempted) requests apart.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PrefixCacheStats {
-    /// Lookups recorded.
+    /// New requests admitted.
     pub requests: u64,
-    /// Tokens looked up.
+    /// Their tokens (what was looked up).
     pub queries: u64,
-    /// Tokens found computed.
+    /// Their tokens found computed in the prefix cache.
     pub hits: u64,
-    /// Lookups by preempted (resumed) requests.
+    /// Preempted requests admitted again.
     pub preempted_requests: u64,
+    /// Their tokens.
+    pub preempted_queries: u64,
+    /// Their tokens found computed.
+    pub preempted_hits: u64,
 }
 
 impl PrefixCacheStats {
@@ -268,26 +274,25 @@ impl KVCacheManager {
 
     /// The longest prefix-cache hit of a request that has not started, capped below
     /// its last token: block ids appended to `out`, computed tokens returned.
-    /// Records the lookup in the statistics. Never changes counts.
-    pub fn get_computed_blocks(&mut self, id: &RequestId, out: &mut Vec<u32>) -> PoolResult<usize> {
-        let state = self.state(id)?;
+    /// Changes nothing (statistics are recorded when the request is admitted).
+    pub fn get_computed_blocks(&self, id: &RequestId, out: &mut Vec<u32>) -> PoolResult<usize> {
+        self.state(id)?;
         if !self.pool.config().enable_caching {
             return Ok(0);
         }
-        let preempted = state.num_preemptions > 0;
-        let start = out.len();
-        let hit_tokens = self.tracker.lookup_computed_blocks(id, &self.pool, out)?;
-        debug_assert_eq!(out.len() - start, hit_tokens / self.block_size);
-        let queries = self.tracker.get(id)?.tokens().len() as u64;
-        self.record(queries, hit_tokens as u64, preempted);
-        Ok(hit_tokens)
+        self.tracker.lookup_computed_blocks(id, &self.pool, out)
     }
 
     fn record(&mut self, queries: u64, hits: u64, preempted: bool) {
+        if preempted {
+            self.stats.preempted_requests += 1;
+            self.stats.preempted_queries += queries;
+            self.stats.preempted_hits += hits;
+            return;
+        }
         self.stats.requests += 1;
         self.stats.queries += queries;
         self.stats.hits += hits;
-        self.stats.preempted_requests += u64::from(preempted);
         if self.window_len > 0 {
             if self.window.len() == self.window_len {
                 self.window.pop_front();
@@ -347,8 +352,16 @@ impl KVCacheManager {
         if !new_computed_blocks.is_empty() {
             self.check_new_computed_blocks(id, state, new_computed_blocks)?;
         }
-        let num_computed = state.num_computed_tokens + num_new_computed_tokens;
-        let need = (num_computed + num_new_tokens + num_lookahead_tokens).min(self.max_model_len);
+        let admitting = state.blocks.is_empty() && state.num_computed_tokens == 0;
+        let preempted = state.num_preemptions > 0;
+        // Saturating: absurd counts must make the allocation fail, not wrap around.
+        let num_computed = state
+            .num_computed_tokens
+            .saturating_add(num_new_computed_tokens);
+        let need = num_computed
+            .saturating_add(num_new_tokens)
+            .saturating_add(num_lookahead_tokens)
+            .min(self.max_model_len);
         let required_blocks = need.div_ceil(block_size);
         let held = state.blocks.len() + new_computed_blocks.len();
         let evictable_hits = new_computed_blocks
@@ -359,7 +372,7 @@ impl KVCacheManager {
             })
             .count();
         let to_allocate = required_blocks.saturating_sub(held);
-        if to_allocate + evictable_hits > self.pool.num_free_blocks() {
+        if to_allocate.saturating_add(evictable_hits) > self.pool.num_free_blocks() {
             return Ok(false);
         }
         // From here on nothing can fail: every input was checked above.
@@ -376,12 +389,18 @@ impl KVCacheManager {
             state.num_cached_blocks = state.blocks.len();
         }
         state.blocks.extend_from_slice(&out[start..]);
-        state.num_computed_tokens = num_computed + num_new_tokens;
+        state.num_computed_tokens = num_computed.saturating_add(num_new_tokens);
         if !self.tracker.get(id)?.is_started() {
             self.tracker.start_with(id, num_computed)?;
         }
         if caching {
-            self.cache_blocks(id, (num_computed + num_new_tokens).min(num_tokens))?;
+            if admitting {
+                self.record(num_tokens as u64, num_new_computed_tokens as u64, preempted);
+            }
+            self.cache_blocks(
+                id,
+                num_computed.saturating_add(num_new_tokens).min(num_tokens),
+            )?;
         }
         Ok(true)
     }

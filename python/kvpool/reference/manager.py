@@ -84,7 +84,6 @@ DEFAULT_SEED = "vllm-none-hash"
 DIGEST_SIZES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16}
 
 RequestId = str | int
-IntArray = npt.NDArray[np.int64]
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,7 +97,7 @@ def _make_hash_fn(block_size: int, hash_algo: str, seed: str) -> HashFn:
     """The block-hash chain of a token list, as ``list[bytes]`` (full blocks only).
 
     Uses the plain-Python ``kvpool.reference.hashing.BlockHasher`` when it exists, else the
-    Rust ``kvpool.BlockHasher``. (Drop the fallback once ``reference/hashing.py`` has landed.)
+    Rust ``kvpool.BlockHasher`` (a fallback from before ``reference/hashing.py`` existed: drop it).
     """
     try:
         hashing: Any = importlib.import_module("kvpool.reference.hashing")
@@ -525,7 +524,7 @@ class KVCacheManager:
     def get_computed_blocks(self, request_id: RequestId) -> tuple[npt.NDArray[np.int32], int]:
         """The longest prefix-cache hit, capped below the last token: ``(block_ids, tokens)``.
 
-        Recorded in the statistics (when caching is on). Never changes reference counts.
+        Changes nothing; the statistics count the request when it is admitted.
         """
         request = self._get(_request_id(request_id))
         hit = self._lookup(request)
@@ -535,17 +534,26 @@ class KVCacheManager:
         if not self.pool.enable_caching:
             return []
         max_blocks = (len(request.tokens) - 1) // self._block_size
-        hit = [int(b) for b in self.pool.find_longest_cache_hit(request.block_hashes, max_blocks=max_blocks)]
-        self._record(len(request.tokens), len(hit) * self._block_size, request.num_preemptions > 0)
-        return hit
+        return [int(b) for b in self.pool.find_longest_cache_hit(request.block_hashes, max_blocks=max_blocks)]
 
     def _record(self, queries: int, hits: int, preempted: bool) -> None:
+        """Count an admitted request (vLLM 0.33 records at admission), resumed ones apart."""
         s = self._stats
+        if preempted:
+            self._stats = PrefixCacheStats(
+                s.requests, s.queries, s.hits,
+                preempted_requests=s.preempted_requests + 1,
+                preempted_queries=s.preempted_queries + queries,
+                preempted_hits=s.preempted_hits + hits,
+            )
+            return
         self._stats = PrefixCacheStats(
             requests=s.requests + 1,
             queries=s.queries + queries,
             hits=s.hits + hits,
-            preempted_requests=s.preempted_requests + int(preempted),
+            preempted_requests=s.preempted_requests,
+            preempted_queries=s.preempted_queries,
+            preempted_hits=s.preempted_hits,
         )
         if self._window_len > 0:
             if len(self._window) == self._window_len:
@@ -604,6 +612,7 @@ class KVCacheManager:
         if hits:
             self._check_hits(request, hits)
 
+        admitting, preempted = request.waiting, request.num_preemptions > 0
         num_computed = request.num_computed_tokens + num_hit
         need = num_computed + num_new + lookahead
         if self._max_model_len is not None:
@@ -623,6 +632,8 @@ class KVCacheManager:
         request.blocks.extend(new_blocks)
         request.num_computed_tokens = num_computed + num_new
         if self.pool.enable_caching:
+            if admitting:
+                self._record(len(request.tokens), num_hit, preempted)
             self._cache_blocks(request, min(num_computed + num_new, len(request.tokens)))
         return new_blocks
 
@@ -707,7 +718,7 @@ class KVCacheManager:
                 else:
                     num_new, num_hit = 0, 0
                     stopped = stop
-            scheduled.append(num_new if ok else 0)
+            scheduled.append(num_new)
             hit_tokens.append(num_hit)
             allocated.append(ok)
             offsets.append(len(block_ids))
@@ -754,6 +765,14 @@ class KVCacheManager:
         self.pool.free_blocks(blocks[::-1])
 
     # -- the pool -----------------------------------------------------------------------------
+
+    def free_block_ids(self) -> npt.NDArray[np.int32]:
+        """The pool's free queue, head to tail (introspection)."""
+        return self.pool.free_block_ids()
+
+    def ref_counts(self) -> npt.NDArray[np.int32]:
+        """Every block's reference count, in id order (introspection)."""
+        return self.pool.ref_counts()
 
     def get_usage(self) -> float:
         """Fraction of usable blocks in use."""
