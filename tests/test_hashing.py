@@ -646,7 +646,7 @@ def test_block_hash_list_api(data: st.DataObject, tokens: list[int], bs: int, al
     assert hl == hl and not hl != hl
     if n:
         assert hl != hl[:-1] and hl != core.BlockHasher(bs, hash_algo=algo).hash_tokens(tokens + [7] * bs)[1:]
-    # `hl == list` is tested in test_block_hash_list_equals_a_list_of_its_bytes (it hangs today).
+    # `hl == list` is tested in a subprocess by test_block_hash_list_equals_a_list_of_its_bytes (it once hung).
 
 
 EQ_LIST_SCRIPT = '''

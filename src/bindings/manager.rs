@@ -150,7 +150,7 @@ impl PyKVCacheManager {
     /// The block hash algorithm.
     #[getter]
     fn hash_algo(&self) -> &'static str {
-        self.manager().tracker().algo().name()
+        self.manager().hash_algo().name()
     }
 
     /// Adds a request: its prompt token ids and extra keys (LoRA ``(name, path)``
@@ -403,11 +403,11 @@ impl PyKVCacheManager {
     ) -> PyResult<PyBlockHashList> {
         let id = super::requests::request_id(request_id)?;
         let manager = self.manager();
-        let hashes = manager.tracker().block_hashes(&id).py_err(py)?;
+        let hashes = manager.block_hashes(&id).py_err(py)?;
         let bytes: Vec<u8> = (0..hashes.len())
             .flat_map(|i| hashes.get(i).iter().copied())
             .collect();
-        Ok(PyBlockHashList::new(bytes, manager.tracker().algo()))
+        Ok(PyBlockHashList::new(bytes, manager.hash_algo()))
     }
 
     /// The request's number of tokens so far.
@@ -513,7 +513,7 @@ impl PyKVCacheManager {
 
     fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = super::requests::request_id(request_id)?;
-        Ok(self.manager().num_tokens(&id).is_ok())
+        Ok(self.manager().contains(&id))
     }
 
     fn __len__(&self) -> usize {

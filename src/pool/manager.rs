@@ -17,9 +17,10 @@ use hashbrown::HashMap;
 use super::block_pool::{BlockPool, CacheBlocks, PoolConfig};
 use super::error::{PoolError, PoolResult};
 use super::events::PoolEvent;
+use super::hash_key::HashSlice;
 use super::hashing::HashAlgo;
 use super::request_id::RequestId;
-use super::tracker::{ComputedBlocksTracker, SequenceExtras};
+use super::tracker::{Sequence, SequenceExtras, SequenceHasher};
 
 /// How a manager is built.
 #[derive(Clone, Debug)]
@@ -67,13 +68,23 @@ pub struct LoraInfo {
     pub name: Option<String>,
 }
 
-#[derive(Clone, Debug, Default)]
-struct RequestState {
+/// One request: its sequence (tokens, hashes) and its block table, in one record,
+/// so each call finds a request with one lookup.
+#[derive(Debug)]
+struct Request {
+    seq: Sequence,
     blocks: Vec<u32>,
     num_cached_blocks: usize,
     num_computed_tokens: usize,
     lora: LoraInfo,
     num_preemptions: u32,
+}
+
+impl Request {
+    /// Not started (or preempted): no blocks and nothing computed.
+    fn waiting(&self) -> bool {
+        self.blocks.is_empty() && self.num_computed_tokens == 0
+    }
 }
 
 /// Prefix-cache statistics, recorded as vLLM 0.33 records them: when a waiting
@@ -133,48 +144,103 @@ pub struct StepOutcome {
     pub allocated: Vec<bool>,
 }
 
+/// Statistics and their recent window.
+#[derive(Debug, Default)]
+struct StatsRecorder {
+    all: PrefixCacheStats,
+    window: VecDeque<(u64, u64)>,
+    window_len: usize,
+}
+
+impl StatsRecorder {
+    /// Counts an admitted request; a resumed (preempted) one apart, as vLLM does.
+    fn record(&mut self, queries: u64, hits: u64, preempted: bool) {
+        if preempted {
+            self.all.preempted_requests += 1;
+            self.all.preempted_queries += queries;
+            self.all.preempted_hits += hits;
+            return;
+        }
+        self.all.requests += 1;
+        self.all.queries += queries;
+        self.all.hits += hits;
+        if self.window_len > 0 {
+            if self.window.len() == self.window_len {
+                self.window.pop_front();
+            }
+            self.window.push_back((queries, hits));
+        }
+    }
+
+    fn recent(&self) -> PrefixCacheStats {
+        let mut s = PrefixCacheStats {
+            requests: self.window.len() as u64,
+            ..Default::default()
+        };
+        for &(q, h) in &self.window {
+            s.queries += q;
+            s.hits += h;
+        }
+        s
+    }
+
+    fn clear(&mut self) {
+        self.all = PrefixCacheStats::default();
+        self.window.clear();
+    }
+}
+
+/// One `allocate_slots` call, its inputs checked for shape by the caller.
+struct SlotRequest<'a> {
+    num_new_tokens: usize,
+    num_new_computed_tokens: usize,
+    new_computed_blocks: &'a [u32],
+    num_lookahead_tokens: usize,
+}
+
 /// The per-request block manager.
 #[derive(Debug)]
 pub struct KVCacheManager {
     pool: BlockPool,
-    tracker: ComputedBlocksTracker,
-    requests: HashMap<RequestId, RequestState>,
-    block_size: usize,
+    hasher: SequenceHasher,
+    requests: HashMap<RequestId, Request>,
     max_model_len: usize,
-    stats: PrefixCacheStats,
-    window: VecDeque<(u64, u64)>,
-    window_len: usize,
+    stats: StatsRecorder,
     hits_scratch: Vec<u32>,
+}
+
+fn unknown(id: &RequestId) -> PoolError {
+    PoolError::UnknownRequest(id.to_string())
 }
 
 impl KVCacheManager {
     /// Builds a manager and its pool (with a null block).
     pub fn new(config: ManagerConfig) -> PoolResult<Self> {
+        if config.max_model_len == Some(0) {
+            return Err(PoolError::InvalidArgument(
+                "max_model_len must be at least 1".into(),
+            ));
+        }
         let mut pool_config = PoolConfig::new(config.num_blocks);
         pool_config.block_size = config.block_size;
         pool_config.enable_caching = config.enable_caching;
         pool_config.enable_events = config.enable_events;
         pool_config.hash_width = Some(config.hash_algo.digest_len());
         let pool = BlockPool::new(pool_config)?;
-        let mut tracker =
-            ComputedBlocksTracker::new(config.block_size as usize, config.hash_algo, &config.seed)?;
+        let mut hasher =
+            SequenceHasher::new(config.block_size as usize, config.hash_algo, &config.seed)?;
         if !config.enable_caching {
-            tracker.disable_hashing(); // as vLLM: no block hasher without prefix caching
-        }
-        if config.max_model_len == Some(0) {
-            return Err(PoolError::InvalidArgument(
-                "max_model_len must be at least 1".into(),
-            ));
+            hasher.disable_hashing(); // as vLLM: no block hasher without prefix caching
         }
         Ok(Self {
             pool,
-            tracker,
+            hasher,
             requests: HashMap::new(),
-            block_size: config.block_size as usize,
             max_model_len: config.max_model_len.unwrap_or(usize::MAX),
-            stats: PrefixCacheStats::default(),
-            window: VecDeque::new(),
-            window_len: config.stats_window,
+            stats: StatsRecorder {
+                window_len: config.stats_window,
+                ..Default::default()
+            },
             hits_scratch: Vec::new(),
         })
     }
@@ -184,14 +250,14 @@ impl KVCacheManager {
         &self.pool
     }
 
-    /// The tracker underneath.
-    pub fn tracker(&self) -> &ComputedBlocksTracker {
-        &self.tracker
-    }
-
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.hasher.block_size()
+    }
+
+    /// The block hash algorithm.
+    pub fn hash_algo(&self) -> HashAlgo {
+        self.hasher.algo()
     }
 
     /// Number of tracked requests.
@@ -199,10 +265,18 @@ impl KVCacheManager {
         self.requests.len()
     }
 
-    fn state(&self, id: &RequestId) -> PoolResult<&RequestState> {
-        self.requests
-            .get(id)
-            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))
+    /// Whether `id` is tracked.
+    pub fn contains(&self, id: &RequestId) -> bool {
+        self.requests.contains_key(id)
+    }
+
+    fn request(&self, id: &RequestId) -> PoolResult<&Request> {
+        self.requests.get(id).ok_or_else(|| unknown(id))
+    }
+
+    /// A request's sequence: tokens, hashes, extras.
+    pub fn sequence(&self, id: &RequestId) -> PoolResult<&Sequence> {
+        Ok(&self.request(id)?.seq)
     }
 
     /// Adds a request with its prompt (hashing its full blocks when caching).
@@ -221,102 +295,78 @@ impl KVCacheManager {
                 "a request needs at least one prompt token".into(),
             ));
         }
-        self.tracker.add_sequence(id.clone(), prompt, extras)?;
-        self.requests.insert(
-            id,
-            RequestState {
-                lora,
-                ..RequestState::default()
-            },
-        );
+        let seq = self.hasher.new_sequence(prompt, extras)?;
+        let request = Request {
+            seq,
+            blocks: Vec::new(),
+            num_cached_blocks: 0,
+            num_computed_tokens: 0,
+            lora,
+            num_preemptions: 0,
+        };
+        self.requests.insert(id, request);
         Ok(())
     }
 
     /// Appends generated (or newly known) token ids to a request.
     pub fn append_token_ids(&mut self, id: &RequestId, tokens: &[i64]) -> PoolResult<()> {
-        self.state(id)?;
-        self.tracker.append_tokens(id, tokens)?;
+        let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        self.hasher.append_tokens(&mut request.seq, tokens);
         Ok(())
     }
 
     /// The request's tokens so far.
     pub fn num_tokens(&self, id: &RequestId) -> PoolResult<usize> {
-        Ok(self.tracker.get(id)?.tokens().len())
+        Ok(self.request(id)?.seq.num_tokens())
     }
 
     /// Tokens the manager counts as computed for the request.
     pub fn num_computed_tokens(&self, id: &RequestId) -> PoolResult<usize> {
-        Ok(self.state(id)?.num_computed_tokens)
+        Ok(self.request(id)?.num_computed_tokens)
     }
 
     /// Sets the request's computed tokens (a scheduler rolling back rejected
     /// speculative tokens). It may not exceed the slots the request holds.
     pub fn set_num_computed_tokens(&mut self, id: &RequestId, n: usize) -> PoolResult<()> {
-        let block_size = self.block_size;
-        let state = self
-            .requests
-            .get_mut(id)
-            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
-        if n > state.blocks.len() * block_size {
+        let block_size = self.hasher.block_size();
+        let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        let slots = request.blocks.len() * block_size;
+        if n > slots {
             return Err(PoolError::InvalidArgument(format!(
-                "{n} computed tokens exceed the {} slots the request holds",
-                state.blocks.len() * block_size
+                "{n} computed tokens exceed the {slots} slots the request holds"
             )));
         }
-        state.num_computed_tokens = n;
+        request.num_computed_tokens = n;
         Ok(())
     }
 
     /// The request's block table.
     pub fn block_ids(&self, id: &RequestId) -> PoolResult<&[u32]> {
-        Ok(&self.state(id)?.blocks)
+        Ok(&self.request(id)?.blocks)
+    }
+
+    /// The request's block hashes (full blocks).
+    pub fn block_hashes(&self, id: &RequestId) -> PoolResult<HashSlice<'_>> {
+        Ok(self.request(id)?.seq.block_hashes())
     }
 
     /// The longest prefix-cache hit of a request that has not started, capped below
     /// its last token: block ids appended to `out`, computed tokens returned.
     /// Changes nothing (statistics are recorded when the request is admitted).
     pub fn get_computed_blocks(&self, id: &RequestId, out: &mut Vec<u32>) -> PoolResult<usize> {
-        self.state(id)?;
-        if !self.pool.config().enable_caching {
-            return Ok(0);
-        }
-        self.tracker.lookup_computed_blocks(id, &self.pool, out)
+        self.request(id)?
+            .seq
+            .lookup_computed_blocks(&self.pool, out)
     }
 
-    fn record(&mut self, queries: u64, hits: u64, preempted: bool) {
-        if preempted {
-            self.stats.preempted_requests += 1;
-            self.stats.preempted_queries += queries;
-            self.stats.preempted_hits += hits;
-            return;
-        }
-        self.stats.requests += 1;
-        self.stats.queries += queries;
-        self.stats.hits += hits;
-        if self.window_len > 0 {
-            if self.window.len() == self.window_len {
-                self.window.pop_front();
-            }
-            self.window.push_back((queries, hits));
-        }
-    }
-
-    /// Statistics over all lookups since the manager was built (or reset).
+    /// Statistics over every admitted request since the manager was built (or reset).
     pub fn prefix_cache_stats(&self) -> &PrefixCacheStats {
-        &self.stats
+        &self.stats.all
     }
 
-    /// `(requests, queries, hits)` over the last `stats_window` lookups.
+    /// `(requests, queries, hits)` over the last `stats_window` admitted requests.
     pub fn recent_prefix_cache_stats(&self) -> PrefixCacheStats {
-        let mut s = PrefixCacheStats {
-            requests: self.window.len() as u64,
-            ..Default::default()
-        };
-        for &(q, h) in &self.window {
-            s.queries += q;
-            s.hits += h;
-        }
-        s
+        self.stats.recent()
     }
 
     /// Allocates slots for `num_new_tokens` new tokens (plus lookahead), after
@@ -332,74 +382,97 @@ impl KVCacheManager {
         num_lookahead_tokens: usize,
         out: &mut Vec<u32>,
     ) -> PoolResult<bool> {
-        let block_size = self.block_size;
-        let state = self.state(id)?;
-        let seq = self.tracker.get(id)?;
-        let num_tokens = seq.tokens().len();
-        if num_new_tokens == 0 && num_new_computed_tokens == 0 {
+        let Self {
+            pool,
+            requests,
+            stats,
+            max_model_len,
+            ..
+        } = self;
+        let request = requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        let call = SlotRequest {
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+        };
+        Self::allocate(pool, stats, *max_model_len, request, &call, out)
+    }
+
+    /// `allocate_slots` on one request record.
+    fn allocate(
+        pool: &mut BlockPool,
+        stats: &mut StatsRecorder,
+        max_model_len: usize,
+        request: &mut Request,
+        call: &SlotRequest<'_>,
+        out: &mut Vec<u32>,
+    ) -> PoolResult<bool> {
+        let block_size = pool.config().block_size as usize;
+        let hits = call.new_computed_blocks;
+        if call.num_new_tokens == 0 && call.num_new_computed_tokens == 0 {
             return Err(PoolError::InvalidArgument(
                 "num_new_tokens must be greater than 0 when there are no new computed tokens"
                     .into(),
             ));
         }
-        if num_new_computed_tokens != new_computed_blocks.len() * block_size {
+        if call.num_new_computed_tokens != hits.len() * block_size {
             return Err(PoolError::InvalidArgument(format!(
-                "num_new_computed_tokens ({num_new_computed_tokens}) must be {} for {} new computed blocks",
-                new_computed_blocks.len() * block_size,
-                new_computed_blocks.len()
+                "num_new_computed_tokens ({}) must be {} for {} new computed blocks",
+                call.num_new_computed_tokens,
+                hits.len() * block_size,
+                hits.len()
             )));
         }
-        if !new_computed_blocks.is_empty() {
-            self.check_new_computed_blocks(id, state, new_computed_blocks)?;
+        if !hits.is_empty() {
+            Self::check_new_computed_blocks(pool, request, hits)?;
         }
-        let admitting = state.blocks.is_empty() && state.num_computed_tokens == 0;
-        let preempted = state.num_preemptions > 0;
+        let admitting = request.waiting();
         // Saturating: absurd counts must make the allocation fail, not wrap around.
-        let num_computed = state
+        let num_computed = request
             .num_computed_tokens
-            .saturating_add(num_new_computed_tokens);
+            .saturating_add(call.num_new_computed_tokens);
+        let num_tokens = request.seq.num_tokens();
         let need = num_computed
-            .saturating_add(num_new_tokens)
-            .saturating_add(num_lookahead_tokens)
-            .min(self.max_model_len);
+            .saturating_add(call.num_new_tokens)
+            .saturating_add(call.num_lookahead_tokens)
+            .min(max_model_len);
         let required_blocks = need.div_ceil(block_size);
-        let held = state.blocks.len() + new_computed_blocks.len();
-        let evictable_hits = new_computed_blocks
+        let held = request.blocks.len() + hits.len();
+        let null = pool.null_block();
+        let evictable_hits = hits
             .iter()
-            .filter(|&&b| {
-                self.pool.ref_count(b).map_or(false, |c| c == 0)
-                    && self.pool.null_block() != Some(b)
-            })
+            .filter(|&&b| Some(b) != null && pool.ref_count(b).is_ok_and(|c| c == 0))
             .count();
         let to_allocate = required_blocks.saturating_sub(held);
-        if to_allocate.saturating_add(evictable_hits) > self.pool.num_free_blocks() {
+        if to_allocate.saturating_add(evictable_hits) > pool.num_free_blocks() {
             return Ok(false);
         }
         // From here on nothing can fail: every input was checked above.
-        let caching = self.pool.config().enable_caching;
-        self.pool.touch(new_computed_blocks)?;
+        pool.touch(hits)?;
         let start = out.len();
-        self.pool.get_new_blocks(to_allocate, out)?;
-        let state = self
-            .requests
-            .get_mut(id)
-            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
-        if !new_computed_blocks.is_empty() {
-            state.blocks.extend_from_slice(new_computed_blocks);
-            state.num_cached_blocks = state.blocks.len();
+        pool.get_new_blocks(to_allocate, out)?;
+        if !hits.is_empty() {
+            request.blocks.extend_from_slice(hits);
+            request.num_cached_blocks = request.blocks.len();
         }
-        state.blocks.extend_from_slice(&out[start..]);
-        state.num_computed_tokens = num_computed.saturating_add(num_new_tokens);
-        if !self.tracker.get(id)?.is_started() {
-            self.tracker.start_with(id, num_computed)?;
-        }
-        if caching {
+        request.blocks.extend_from_slice(&out[start..]);
+        request.num_computed_tokens = num_computed.saturating_add(call.num_new_tokens);
+        request.seq.start_with(num_computed);
+        if pool.config().enable_caching {
             if admitting {
-                self.record(num_tokens as u64, num_new_computed_tokens as u64, preempted);
+                stats.record(
+                    num_tokens as u64,
+                    call.num_new_computed_tokens as u64,
+                    request.num_preemptions > 0,
+                );
             }
-            self.cache_blocks(
-                id,
-                num_computed.saturating_add(num_new_tokens).min(num_tokens),
+            Self::cache_blocks(
+                pool,
+                request,
+                num_computed
+                    .saturating_add(call.num_new_tokens)
+                    .min(num_tokens),
             )?;
         }
         Ok(true)
@@ -408,20 +481,19 @@ impl KVCacheManager {
     /// Hits must be cached blocks holding this request's hashes, in order, and the
     /// request must not have started.
     fn check_new_computed_blocks(
-        &self,
-        id: &RequestId,
-        state: &RequestState,
+        pool: &BlockPool,
+        request: &Request,
         blocks: &[u32],
     ) -> PoolResult<()> {
-        if !self.pool.config().enable_caching {
+        if !pool.config().enable_caching {
             return Err(PoolError::CachingDisabled);
         }
-        if !state.blocks.is_empty() || state.num_computed_tokens > 0 {
+        if !request.waiting() {
             return Err(PoolError::InvalidArgument(
                 "new_computed_blocks are only accepted for a request that has not started".into(),
             ));
         }
-        let hashes = self.tracker.block_hashes(id)?;
+        let hashes = request.seq.block_hashes();
         if blocks.len() > hashes.len() {
             return Err(PoolError::InvalidArgument(format!(
                 "{} new computed blocks but the request has only {} full blocks",
@@ -429,10 +501,10 @@ impl KVCacheManager {
                 hashes.len()
             )));
         }
-        self.pool.check_ids(blocks)?;
+        pool.check_ids(blocks)?;
         for (i, &b) in blocks.iter().enumerate() {
-            let key = self.pool.block_hash(b)?;
-            if key.map_or(true, |k| k.group != 0 || k.hash.as_bytes() != hashes.get(i)) {
+            let key = pool.block_hash(b)?;
+            if key.is_none_or(|k| k.group != 0 || k.hash.as_bytes() != hashes.get(i)) {
                 return Err(PoolError::BlockState {
                     block_id: b,
                     reason: "is not the cached block of this request's prefix at its position",
@@ -443,52 +515,51 @@ impl KVCacheManager {
     }
 
     /// Caches the request's blocks that are full within its first `num_tokens` tokens.
-    fn cache_blocks(&mut self, id: &RequestId, num_tokens: usize) -> PoolResult<()> {
-        let state = self
-            .requests
-            .get(id)
-            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
-        let hashes = self.tracker.block_hashes(id)?;
-        let num_full = (num_tokens / self.block_size)
+    fn cache_blocks(
+        pool: &mut BlockPool,
+        request: &mut Request,
+        num_tokens: usize,
+    ) -> PoolResult<()> {
+        let block_size = pool.config().block_size as usize;
+        let hashes = request.seq.block_hashes();
+        let num_full = (num_tokens / block_size)
             .min(hashes.len())
-            .min(state.blocks.len());
-        if num_full <= state.num_cached_blocks {
+            .min(request.blocks.len());
+        if num_full <= request.num_cached_blocks {
             return Ok(());
         }
-        let seq = self.tracker.get(id)?;
         let call = CacheBlocks {
-            block_ids: &state.blocks,
+            block_ids: &request.blocks,
             block_hashes: hashes,
-            num_cached_blocks: state.num_cached_blocks,
+            num_cached_blocks: request.num_cached_blocks,
             num_full_blocks: num_full,
             group: 0,
-            token_ids: self.pool.config().enable_events.then(|| seq.tokens()),
-            lora_id: state.lora.id,
-            lora_name: state.lora.name.as_deref(),
+            token_ids: pool.config().enable_events.then(|| request.seq.tokens()),
+            lora_id: request.lora.id,
+            lora_name: request.lora.name.as_deref(),
         };
-        self.pool.cache_full_blocks(call)?;
-        if let Some(state) = self.requests.get_mut(id) {
-            state.num_cached_blocks = num_full;
-        }
+        pool.cache_full_blocks(call)?;
+        request.num_cached_blocks = num_full;
         Ok(())
     }
 
     /// Frees the request's blocks (tail first) and forgets the request.
     pub fn free(&mut self, id: &RequestId) -> PoolResult<()> {
-        self.release_blocks(id)?;
-        self.requests.remove(id);
-        self.tracker.remove(id)?;
-        Ok(())
+        let mut request = self.requests.remove(id).ok_or_else(|| unknown(id))?;
+        request.blocks.reverse();
+        self.pool.free_blocks(&request.blocks)
     }
 
-    /// Frees several requests, in order; all must be known (checked first).
+    /// Frees several requests, in order; all must be known and distinct (checked first).
     pub fn free_many(&mut self, ids: &[RequestId]) -> PoolResult<()> {
         self.check_known(ids.iter())?;
-        let mut seen = hashbrown::HashSet::with_capacity(ids.len());
-        if let Some(dup) = ids.iter().find(|id| !seen.insert(*id)) {
-            return Err(PoolError::InvalidArgument(format!(
-                "request {dup} appears twice"
-            )));
+        if ids.len() > 1 {
+            let mut seen = hashbrown::HashSet::with_capacity(ids.len());
+            if let Some(dup) = ids.iter().find(|id| !seen.insert(*id)) {
+                return Err(PoolError::InvalidArgument(format!(
+                    "request {dup} appears twice"
+                )));
+            }
         }
         for id in ids {
             self.free(id)?;
@@ -499,28 +570,20 @@ impl KVCacheManager {
     /// Preemption: frees the request's blocks (tail first); it keeps its tokens and
     /// restarts from zero computed tokens.
     pub fn preempt(&mut self, id: &RequestId) -> PoolResult<()> {
-        self.release_blocks(id)?;
-        if let Some(state) = self.requests.get_mut(id) {
-            state.num_computed_tokens = 0;
-            state.num_cached_blocks = 0;
-            state.num_preemptions += 1;
-        }
-        self.tracker.reset(id)
-    }
-
-    fn release_blocks(&mut self, id: &RequestId) -> PoolResult<()> {
-        let state = self
-            .requests
-            .get_mut(id)
-            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
-        let mut blocks = std::mem::take(&mut state.blocks);
+        let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        let mut blocks = std::mem::take(&mut request.blocks);
         blocks.reverse();
-        self.pool.free_blocks(&blocks)
+        self.pool.free_blocks(&blocks)?;
+        request.num_computed_tokens = 0;
+        request.num_cached_blocks = 0;
+        request.num_preemptions += 1;
+        request.seq.reset();
+        Ok(())
     }
 
     fn check_known<'a>(&self, mut ids: impl Iterator<Item = &'a RequestId>) -> PoolResult<()> {
         match ids.find(|id| !self.requests.contains_key(*id)) {
-            Some(id) => Err(PoolError::UnknownRequest(id.to_string())),
+            Some(id) => Err(unknown(id)),
             None => Ok(()),
         }
     }
@@ -539,27 +602,39 @@ impl KVCacheManager {
         out: &mut StepOutcome,
     ) -> PoolResult<()> {
         self.check_known(step.iter().map(|r| r.id))?;
+        let Self {
+            pool,
+            requests,
+            stats,
+            max_model_len,
+            hits_scratch: hits,
+            ..
+        } = self;
         out.offsets.push(out.block_ids.len());
         let mut stopped = false;
-        let mut hits = std::mem::take(&mut self.hits_scratch);
         for req in step {
             let (mut scheduled, mut hit_tokens, mut ok) = (0, 0, false);
             if !stopped {
+                let request = requests.get_mut(req.id).ok_or_else(|| unknown(req.id))?;
                 hits.clear();
-                let state = self.state(req.id)?;
-                let waiting = state.blocks.is_empty() && state.num_computed_tokens == 0;
                 let mut num_new = req.num_new_tokens;
-                if waiting {
-                    hit_tokens = self.get_computed_blocks(req.id, &mut hits)?;
-                    num_new = num_new.min(self.num_tokens(req.id)? - hit_tokens);
+                if request.waiting() {
+                    hit_tokens = request.seq.lookup_computed_blocks(pool, hits)?;
+                    num_new = num_new.min(request.seq.num_tokens() - hit_tokens);
                 }
+                let call = SlotRequest {
+                    num_new_tokens: num_new,
+                    num_new_computed_tokens: hit_tokens,
+                    new_computed_blocks: hits,
+                    num_lookahead_tokens: req.num_lookahead_tokens,
+                };
                 ok = num_new + hit_tokens > 0
-                    && self.allocate_slots(
-                        req.id,
-                        num_new,
-                        hit_tokens,
-                        &hits,
-                        req.num_lookahead_tokens,
+                    && Self::allocate(
+                        pool,
+                        stats,
+                        *max_model_len,
+                        request,
+                        &call,
                         &mut out.block_ids,
                     )?;
                 if ok {
@@ -574,7 +649,6 @@ impl KVCacheManager {
             out.allocated.push(ok);
             out.offsets.push(out.block_ids.len());
         }
-        self.hits_scratch = hits;
         Ok(())
     }
 
@@ -583,44 +657,34 @@ impl KVCacheManager {
         self.requests.keys()
     }
 
-    /// The pool's invariants, plus: every request's blocks are held (count > 0 or
-    /// the null block), each block's count is at least the number of tables naming
-    /// it, and a request's cached blocks hold its hashes.
+    /// The pool's invariants, plus: each block's count is at least the number of
+    /// tables naming it, and a request's cached blocks hold its hashes.
     pub fn check_invariants(&self) -> Result<(), Vec<String>> {
         let mut problems = self.pool.check_invariants().err().unwrap_or_default();
         let mut holders = vec![0u32; self.pool.num_blocks() as usize];
-        for (id, state) in &self.requests {
-            for &b in &state.blocks {
-                if b >= self.pool.num_blocks() {
-                    problems.push(format!("request {id}: block {b} out of range"));
+        for (id, request) in &self.requests {
+            for &b in &request.blocks {
+                match holders.get_mut(b as usize) {
+                    Some(h) => *h += 1,
+                    None => problems.push(format!("request {id}: block {b} out of range")),
+                }
+            }
+            let hashes = request.seq.block_hashes();
+            for (i, &b) in request
+                .blocks
+                .iter()
+                .take(request.num_cached_blocks)
+                .enumerate()
+            {
+                if self.pool.null_block() == Some(b) {
                     continue;
                 }
-                holders[b as usize] += 1;
-            }
-            if let Ok(hashes) = self.tracker.block_hashes(id) {
-                for (i, &b) in state
-                    .blocks
-                    .iter()
-                    .take(state.num_cached_blocks)
-                    .enumerate()
-                {
-                    if self.pool.null_block() == Some(b) {
-                        continue;
-                    }
-                    let key = self.pool.block_hash(b).ok().flatten();
-                    if i >= hashes.len()
-                        || key
-                            .map(|k| k.hash.as_bytes() != hashes.get(i))
-                            .unwrap_or(true)
-                    {
-                        problems.push(format!(
-                            "request {id}: cached block {i} (id {b}) lacks the request's hash"
-                        ));
-                    }
+                let key = self.pool.block_hash(b).ok().flatten();
+                if i >= hashes.len() || key.is_none_or(|k| k.hash.as_bytes() != hashes.get(i)) {
+                    problems.push(format!(
+                        "request {id}: cached block {i} (id {b}) lacks the request's hash"
+                    ));
                 }
-            }
-            if !self.tracker.contains(id) {
-                problems.push(format!("request {id}: not tracked by the tracker"));
             }
         }
         for (b, (&held, count)) in holders.iter().zip(self.pool.ref_counts()).enumerate() {
@@ -649,10 +713,9 @@ impl KVCacheManager {
     pub fn reset_prefix_cache(&mut self) -> bool {
         let done = self.pool.reset_prefix_cache();
         if done {
-            self.stats = PrefixCacheStats::default();
-            self.window.clear();
-            for state in self.requests.values_mut() {
-                state.num_cached_blocks = 0;
+            self.stats.clear();
+            for request in self.requests.values_mut() {
+                request.num_cached_blocks = 0;
             }
         }
         done

@@ -27,4 +27,4 @@ pub use manager::{
 pub use prefix_map::PrefixMap;
 pub use request_id::RequestId;
 pub use slab::{BlockMeta, Slab, NIL};
-pub use tracker::{ComputedBlocksTracker, Sequence, SequenceExtras};
+pub use tracker::{ComputedBlocksTracker, Sequence, SequenceExtras, SequenceHasher};

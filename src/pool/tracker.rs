@@ -20,6 +20,11 @@
 //! 6. [`ComputedBlocksTracker::reset`] (preemption) and
 //!    [`ComputedBlocksTracker::remove`] (free) drop the fixed count.
 //! 7. The tracker only reads the pool (`&BlockPool`), so it cannot change counts.
+//!
+//! The per-sequence logic lives on [`Sequence`] and [`SequenceHasher`], so the
+//! manager keeps each request's sequence inside its own request record (one map, one
+//! lookup per call); [`ComputedBlocksTracker`] is the id-keyed form for engines
+//! that keep block tables themselves.
 
 use hashbrown::HashMap;
 
@@ -71,12 +76,14 @@ impl SequenceExtras {
     }
 }
 
-/// One tracked sequence.
+/// One tracked sequence: its tokens, its block hashes, its fixed computed count.
 #[derive(Clone, Debug)]
 pub struct Sequence {
     tokens: Vec<i64>,
     num_prompt_tokens: usize,
     hashes: Vec<u8>,
+    width: usize,
+    block_size: usize,
     extras: SequenceExtras,
     /// Computed tokens, fixed when the prefill started; `None` while waiting.
     started_with: Option<usize>,
@@ -86,6 +93,11 @@ impl Sequence {
     /// All token ids so far (prompt, then appended tokens).
     pub fn tokens(&self) -> &[i64] {
         &self.tokens
+    }
+
+    /// Number of tokens so far.
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
     }
 
     /// Number of prompt tokens (the tokens given when the sequence was added).
@@ -98,25 +110,65 @@ impl Sequence {
         &self.extras
     }
 
+    /// The block hashes so far (full blocks only).
+    pub fn block_hashes(&self) -> HashSlice<'_> {
+        HashSlice::new(&self.hashes, self.width).unwrap_or_else(|_| HashSlice::empty())
+    }
+
     /// Whether the prefill has started (the computed count is fixed).
     pub fn is_started(&self) -> bool {
         self.started_with.is_some()
     }
+
+    /// The longest run of the sequence's blocks cached in `pool` (group 0), never
+    /// covering its last token, appended to `out`; returns the computed tokens.
+    /// Ignores whether the sequence has started.
+    pub fn lookup_computed_blocks(
+        &self,
+        pool: &BlockPool,
+        out: &mut Vec<u32>,
+    ) -> PoolResult<usize> {
+        if !pool.config().enable_caching || self.tokens.is_empty() {
+            return Ok(0);
+        }
+        let max_blocks = (self.tokens.len() - 1) / self.block_size;
+        let hits = pool.find_longest_cache_hit(self.block_hashes(), 0, Some(max_blocks), out)?;
+        Ok(hits * self.block_size)
+    }
+
+    /// Tokens already computed: fixed once started, else looked up afresh (invariant 4).
+    pub fn num_computed_tokens(&self, pool: &BlockPool) -> PoolResult<usize> {
+        match self.started_with {
+            Some(n) => Ok(n),
+            None => self.lookup_computed_blocks(pool, &mut Vec::new()),
+        }
+    }
+
+    /// Marks the prefill as started with `num_computed_tokens`, unless it already started.
+    pub fn start_with(&mut self, num_computed_tokens: usize) {
+        self.started_with.get_or_insert(num_computed_tokens);
+    }
+
+    /// Preemption: forgets the fixed count. Tokens and hashes stay (they are a
+    /// function of the tokens).
+    pub fn reset(&mut self) {
+        self.started_with = None;
+    }
 }
 
-/// Tracks sequences' block hashes and computed-token counts against a pool.
+/// What every sequence of a tracker or manager shares: the block size and the hash
+/// chain (algorithm, `NONE_HASH`, a reused encoding buffer).
 #[derive(Debug)]
-pub struct ComputedBlocksTracker {
+pub struct SequenceHasher {
     block_size: usize,
     hasher: BlockHasher,
     none_hash: Digest,
-    seqs: HashMap<RequestId, Sequence>,
     /// False for a manager without prefix caching: nothing would read the hashes.
     hashing: bool,
 }
 
-impl ComputedBlocksTracker {
-    /// A tracker hashing `block_size`-token blocks with `algo`, seeded with `seed`
+impl SequenceHasher {
+    /// Hashes `block_size`-token blocks with `algo`, seeded with `seed`
     /// (`NONE_HASH = H(seed)`; vLLM's default seed is `"vllm-none-hash"`).
     pub fn new(block_size: usize, algo: HashAlgo, seed: &str) -> PoolResult<Self> {
         if block_size == 0 {
@@ -128,7 +180,6 @@ impl ComputedBlocksTracker {
             block_size,
             hasher: BlockHasher::new(algo),
             none_hash: none_hash(algo, seed),
-            seqs: HashMap::new(),
             hashing: true,
         })
     }
@@ -152,6 +203,80 @@ impl ComputedBlocksTracker {
     /// `NONE_HASH`, the parent of every first block.
     pub fn none_hash(&self) -> &[u8] {
         &self.none_hash
+    }
+
+    /// A new sequence with its prompt, its full blocks hashed.
+    pub fn new_sequence(&mut self, prompt: &[i64], extras: SequenceExtras) -> PoolResult<Sequence> {
+        extras.validate()?;
+        // Room for the tokens a decode adds, so the first appends do not copy the prompt.
+        let mut tokens = Vec::with_capacity(prompt.len() + (prompt.len() / 2).max(64));
+        tokens.extend_from_slice(prompt);
+        let mut seq = Sequence {
+            tokens,
+            num_prompt_tokens: prompt.len(),
+            hashes: Vec::new(),
+            width: self.algo().digest_len(),
+            block_size: self.block_size,
+            extras,
+            started_with: None,
+        };
+        self.rehash(&mut seq);
+        Ok(seq)
+    }
+
+    /// Appends tokens (a prefill chunk's or decode's) and hashes the blocks they
+    /// fill; returns how many new block hashes there are.
+    pub fn append_tokens(&mut self, seq: &mut Sequence, tokens: &[i64]) -> usize {
+        seq.tokens.extend_from_slice(tokens);
+        self.rehash(seq)
+    }
+
+    /// Hashes the sequence's full blocks not hashed yet.
+    fn rehash(&mut self, seq: &mut Sequence) -> usize {
+        if !self.hashing {
+            return 0;
+        }
+        let inputs = seq.extras.inputs();
+        self.hasher.update_chain(
+            &self.none_hash,
+            &seq.tokens,
+            self.block_size,
+            &inputs,
+            &mut seq.hashes,
+        )
+    }
+}
+
+/// Tracks sequences' block hashes and computed-token counts against a pool, by id.
+#[derive(Debug)]
+pub struct ComputedBlocksTracker {
+    hasher: SequenceHasher,
+    seqs: HashMap<RequestId, Sequence>,
+}
+
+impl ComputedBlocksTracker {
+    /// A tracker hashing `block_size`-token blocks with `algo`, seeded with `seed`
+    /// (`NONE_HASH = H(seed)`; vLLM's default seed is `"vllm-none-hash"`).
+    pub fn new(block_size: usize, algo: HashAlgo, seed: &str) -> PoolResult<Self> {
+        Ok(Self {
+            hasher: SequenceHasher::new(block_size, algo, seed)?,
+            seqs: HashMap::new(),
+        })
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.hasher.block_size()
+    }
+
+    /// The hash algorithm.
+    pub fn algo(&self) -> HashAlgo {
+        self.hasher.algo()
+    }
+
+    /// `NONE_HASH`, the parent of every first block.
+    pub fn none_hash(&self) -> &[u8] {
+        self.hasher.none_hash()
     }
 
     /// Number of tracked sequences.
@@ -192,106 +317,65 @@ impl ComputedBlocksTracker {
         if self.seqs.contains_key(&id) {
             return Err(PoolError::DuplicateRequest(id.to_string()));
         }
-        extras.validate()?;
-        // Room for the tokens a decode adds, so the first appends do not copy the prompt.
-        let mut tokens = Vec::with_capacity(prompt.len() + (prompt.len() / 2).max(64));
-        tokens.extend_from_slice(prompt);
-        let mut seq = Sequence {
-            tokens,
-            num_prompt_tokens: prompt.len(),
-            hashes: Vec::new(),
-            extras,
-            started_with: None,
-        };
-        if self.hashing {
-            let inputs = seq.extras.inputs();
-            self.hasher.update_chain(
-                &self.none_hash,
-                &seq.tokens,
-                self.block_size,
-                &inputs,
-                &mut seq.hashes,
-            );
-        }
+        let seq = self.hasher.new_sequence(prompt, extras)?;
         self.seqs.insert(id, seq);
         Ok(())
     }
 
-    /// Appends tokens (a prefill chunk's or decode's) and hashes the blocks they
-    /// fill; returns how many new block hashes there are.
+    /// Appends tokens and hashes the blocks they fill; returns how many new block
+    /// hashes there are.
     pub fn append_tokens(&mut self, id: &RequestId, tokens: &[i64]) -> PoolResult<usize> {
-        let block_size = self.block_size;
         let seq = self
             .seqs
             .get_mut(id)
             .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
-        seq.tokens.extend_from_slice(tokens);
-        if !self.hashing {
-            return Ok(0);
-        }
-        Ok(self.hasher.update_chain(
-            &self.none_hash,
-            &seq.tokens,
-            block_size,
-            &seq.extras.inputs(),
-            &mut seq.hashes,
-        ))
+        Ok(self.hasher.append_tokens(seq, tokens))
     }
 
     /// The sequence's block hashes so far (full blocks only).
     pub fn block_hashes(&self, id: &RequestId) -> PoolResult<HashSlice<'_>> {
-        let seq = self.get(id)?;
-        HashSlice::new(&seq.hashes, self.hasher.algo().digest_len())
+        Ok(self.get(id)?.block_hashes())
     }
 
-    /// The longest run of the sequence's blocks cached in `pool` (group 0), never
-    /// covering its last token, appended to `out`; returns the computed tokens.
-    /// Ignores whether the sequence has started.
+    /// See [`Sequence::lookup_computed_blocks`].
     pub fn lookup_computed_blocks(
         &self,
         id: &RequestId,
         pool: &BlockPool,
         out: &mut Vec<u32>,
     ) -> PoolResult<usize> {
-        let seq = self.get(id)?;
-        if !pool.config().enable_caching || seq.tokens.is_empty() {
-            return Ok(0);
-        }
-        let max_blocks = (seq.tokens.len() - 1) / self.block_size;
-        let hashes = HashSlice::new(&seq.hashes, self.hasher.algo().digest_len())?;
-        let hits = pool.find_longest_cache_hit(hashes, 0, Some(max_blocks), out)?;
-        Ok(hits * self.block_size)
+        self.get(id)?.lookup_computed_blocks(pool, out)
     }
 
     /// Tokens of the sequence already computed: fixed once started, else looked up
     /// afresh in `pool` (invariant 4).
     pub fn num_computed_tokens(&self, id: &RequestId, pool: &BlockPool) -> PoolResult<usize> {
-        match self.get(id)?.started_with {
-            Some(n) => Ok(n),
-            None => self.lookup_computed_blocks(id, pool, &mut Vec::new()),
-        }
+        self.get(id)?.num_computed_tokens(pool)
     }
 
     /// Marks the sequence's prefill as started with the count the pool gives now,
     /// and returns it; a started sequence keeps its count.
     pub fn start(&mut self, id: &RequestId, pool: &BlockPool) -> PoolResult<usize> {
-        let n = self.num_computed_tokens(id, pool)?;
-        self.start_with(id, n)?;
+        let seq = self
+            .seqs
+            .get_mut(id)
+            .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
+        let n = seq.num_computed_tokens(pool)?;
+        seq.start_with(n);
         Ok(n)
     }
 
     /// Marks the sequence's prefill as started with `num_computed_tokens` (what the
     /// scheduler used), unless it already started.
     pub fn start_with(&mut self, id: &RequestId, num_computed_tokens: usize) -> PoolResult<()> {
-        let seq = self.get_mut(id)?;
-        seq.started_with.get_or_insert(num_computed_tokens);
+        self.get_mut(id)?.start_with(num_computed_tokens);
         Ok(())
     }
 
     /// Preemption: forgets the fixed count; the next query looks up afresh. Tokens
     /// and hashes stay (they are a function of the tokens).
     pub fn reset(&mut self, id: &RequestId) -> PoolResult<()> {
-        self.get_mut(id)?.started_with = None;
+        self.get_mut(id)?.reset();
         Ok(())
     }
 
