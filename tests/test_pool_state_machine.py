@@ -27,7 +27,6 @@ from kvpool._errors import (
     BlockStateError,
     CachingDisabledError,
     DoubleFreeError,
-    HashWidthError,
     InvalidArgumentError,
     InvalidBlockIdError,
     NoFreeBlocksError,

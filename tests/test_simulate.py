@@ -8,7 +8,6 @@ import sys
 import time
 import types
 from collections import OrderedDict
-from collections.abc import Sequence
 from pathlib import Path
 from unittest import mock
 

@@ -34,6 +34,8 @@ if TYPE_CHECKING or HAVE_CORE:
         InvariantError,
         KVPoolError,
         NoFreeBlocksError,
+        DuplicateRequestError,
+        UnknownRequestError,
     )
 else:
 
@@ -67,6 +69,12 @@ else:
     class InvariantError(KVPoolError, AssertionError):
         """``check_invariants`` found the pool's structure inconsistent (a bug in kvpool)."""
 
+    class UnknownRequestError(KVPoolError, KeyError):
+        """A request id that the manager does not track."""
+
+    class DuplicateRequestError(KVPoolError, ValueError):
+        """A request id that the manager already tracks."""
+
     for _cls in (
         KVPoolError,
         NoFreeBlocksError,
@@ -78,6 +86,8 @@ else:
         InvalidArgumentError,
         CachingDisabledError,
         InvariantError,
+        UnknownRequestError,
+        DuplicateRequestError,
     ):
         _cls.__module__ = "kvpool"
     del _cls
@@ -88,10 +98,12 @@ __all__ = [
     "CachingDisabledError",
     "DoubleFreeError",
     "DtypeError",
+    "DuplicateRequestError",
     "HashWidthError",
     "InvalidArgumentError",
     "InvalidBlockIdError",
     "InvariantError",
     "KVPoolError",
     "NoFreeBlocksError",
+    "UnknownRequestError",
 ]

@@ -12,10 +12,28 @@ use super::errors::{error, ErrorKind};
 use crate::pool::hashing::{self, none_hash, BlockHasher, Encoding, HashAlgo, MmFeature, Value};
 use crate::pool::{HashSlice, SequenceExtras};
 
-/// Resolves a hash algorithm name.
-pub fn algo_arg(py: Python<'_>, name: Option<&str>) -> PyResult<HashAlgo> {
-    let name = name.unwrap_or("sha256_cbor");
-    HashAlgo::from_name(name).ok_or_else(|| {
+/// An optional `str` argument; anything but `str` or `None` is a `DtypeError`.
+fn opt_str_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
+    match obj.filter(|o| !o.is_none()) {
+        None => Ok(None),
+        Some(o) => o
+            .cast::<PyString>()
+            .map_err(|_| {
+                error(
+                    o.py(),
+                    ErrorKind::Dtype,
+                    format!("{what} must be a str, got {}", type_name(o)),
+                )
+            })?
+            .to_str()
+            .map(|s| Some(s.to_owned())),
+    }
+}
+
+/// Resolves a hash algorithm name (`None`: `sha256_cbor`).
+pub fn algo_arg(py: Python<'_>, name: Option<&Bound<'_, PyAny>>) -> PyResult<HashAlgo> {
+    let name = opt_str_arg(name, "hash_algo")?.unwrap_or_else(|| "sha256_cbor".to_owned());
+    HashAlgo::from_name(&name).ok_or_else(|| {
         error(
             py,
             ErrorKind::InvalidArgument,
@@ -25,8 +43,8 @@ pub fn algo_arg(py: Python<'_>, name: Option<&str>) -> PyResult<HashAlgo> {
 }
 
 /// The `NONE_HASH` seed: the caller's, else vLLM's deterministic default.
-pub fn seed_arg(seed: Option<&str>) -> String {
-    seed.unwrap_or(hashing::DEFAULT_NONE_HASH_SEED).to_owned()
+pub fn seed_arg(seed: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
+    Ok(opt_str_arg(seed, "seed")?.unwrap_or_else(|| hashing::DEFAULT_NONE_HASH_SEED.to_owned()))
 }
 
 /// A request's block hashes, kept in Rust: one flat buffer of equal-width digests.
@@ -150,7 +168,12 @@ impl PyBlockHashList {
         match other.cast::<PyBlockHashList>() {
             Ok(o) => {
                 let o = o.get();
-                std::ptr::eq(self, o) || (self.algo == o.algo && *self.bytes() == *o.bytes())
+                if std::ptr::eq(self, o) {
+                    return true;
+                }
+                // One lock at a time: two threads comparing a == b and b == a never deadlock.
+                let theirs = o.bytes().clone();
+                self.algo == o.algo && *self.bytes() == theirs
             }
             Err(_) => match other.cast::<PyList>() {
                 Ok(list) => {
@@ -342,14 +365,14 @@ impl PyBlockHasher {
     fn new(
         py: Python<'_>,
         block_size: &Bound<'_, PyAny>,
-        hash_algo: Option<&str>,
-        seed: Option<&str>,
+        hash_algo: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let block_size = int_arg(block_size, "block_size", 1, u32::MAX as i64)? as usize;
         let algo = algo_arg(py, hash_algo)?;
         Ok(Self {
             hasher: Mutex::new(BlockHasher::new(algo)),
-            none_hash: none_hash(algo, &seed_arg(seed)).to_vec(),
+            none_hash: none_hash(algo, &seed_arg(seed)?).to_vec(),
             block_size,
             algo,
         })
@@ -487,7 +510,7 @@ impl PyBlockHasher {
     fn hash_block<'py>(
         &self,
         py: Python<'py>,
-        parent: Option<&Bound<'py, PyBytes>>,
+        parent: Option<&Bound<'py, PyAny>>,
         token_ids: &Bound<'py, PyAny>,
         extra_keys: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyBytes>> {
@@ -495,6 +518,16 @@ impl PyBlockHasher {
         extract_i64s(token_ids, "token_ids", &mut tokens)?;
         let extra_keys = extra_keys.filter(|e| !e.is_none());
         let extra = extra_keys.map(to_value).transpose()?;
+        let parent = match parent.filter(|p| !p.is_none()) {
+            None => None,
+            Some(p) => Some(p.cast::<PyBytes>().map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::Dtype,
+                    format!("parent must be bytes or None, got {}", type_name(p)),
+                )
+            })?),
+        };
         let parent = parent
             .map(|p| p.as_bytes())
             .filter(|p| !p.is_empty())
@@ -526,14 +559,14 @@ impl PyBlockHasher {
 
 /// ``NONE_HASH`` of ``hash_algo`` for ``seed`` (vLLM's default seed when None).
 #[pyfunction]
-#[pyo3(signature = (hash_algo="sha256_cbor", seed=None))]
+#[pyo3(signature = (hash_algo=None, seed=None))]
 pub fn compute_none_hash<'py>(
     py: Python<'py>,
-    hash_algo: &str,
-    seed: Option<&str>,
+    hash_algo: Option<&Bound<'py, PyAny>>,
+    seed: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let algo = algo_arg(py, Some(hash_algo))?;
-    Ok(PyBytes::new(py, &none_hash(algo, &seed_arg(seed))))
+    let algo = algo_arg(py, hash_algo)?;
+    Ok(PyBytes::new(py, &none_hash(algo, &seed_arg(seed)?)))
 }
 
 /// The bytes ``hash_algo`` hashes for ``value``: ``cbor2.dumps(value, canonical=True)``
@@ -541,13 +574,13 @@ pub fn compute_none_hash<'py>(
 /// and tuple is written as a distinct object; where the caller passes the *same* object
 /// twice, Python's pickler writes a memo reference instead, and the bytes differ.
 #[pyfunction]
-#[pyo3(signature = (value, hash_algo="sha256_cbor"))]
+#[pyo3(signature = (value, hash_algo=None))]
 pub fn encode_hash_input<'py>(
     py: Python<'py>,
     value: &Bound<'py, PyAny>,
-    hash_algo: &str,
+    hash_algo: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let algo = algo_arg(py, Some(hash_algo))?;
+    let algo = algo_arg(py, hash_algo)?;
     let mut out = Vec::new();
     algo.encode(&to_value(value)?, &mut out);
     Ok(PyBytes::new(py, &out))
@@ -555,13 +588,13 @@ pub fn encode_hash_input<'py>(
 
 /// ``H(value)`` with ``hash_algo``, as vLLM's hash functions compute it.
 #[pyfunction]
-#[pyo3(signature = (value, hash_algo="sha256_cbor"))]
+#[pyo3(signature = (value, hash_algo=None))]
 pub fn hash_value<'py>(
     py: Python<'py>,
     value: &Bound<'py, PyAny>,
-    hash_algo: &str,
+    hash_algo: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let algo = algo_arg(py, Some(hash_algo))?;
+    let algo = algo_arg(py, hash_algo)?;
     Ok(PyBytes::new(py, &algo.hash_value(&to_value(value)?)))
 }
 

@@ -39,12 +39,12 @@ impl PyComputedBlocksTracker {
         py: Python<'_>,
         pool: Py<PyBlockPool>,
         block_size: &Bound<'_, PyAny>,
-        hash_algo: Option<&str>,
-        seed: Option<&str>,
+        hash_algo: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let block_size = int_arg(block_size, "block_size", 1, u32::MAX as i64)? as usize;
         let algo = algo_arg(py, hash_algo)?;
-        let inner = ComputedBlocksTracker::new(block_size, algo, &seed_arg(seed)).py_err(py)?;
+        let inner = ComputedBlocksTracker::new(block_size, algo, &seed_arg(seed)?).py_err(py)?;
         Ok(Self {
             pool,
             inner: Mutex::new(inner),

@@ -37,17 +37,15 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from kvpool._errors import (
-    HAVE_CORE,
     BlockStateError,
     CachingDisabledError,
     DtypeError,
@@ -55,22 +53,12 @@ from kvpool._errors import (
     InvalidArgumentError,
     InvalidBlockIdError,
     InvariantError,
-    KVPoolError,
 )
+from kvpool.reference.hashing import BlockHasher as ReferenceHasher
 from kvpool.reference.pool import BlockPool
 from kvpool.stats import PrefixCacheStats
 
-if TYPE_CHECKING or HAVE_CORE:
-    from kvpool._core import DuplicateRequestError, UnknownRequestError
-else:  # a source checkout without the extension: same names and bases as in _core.pyi
-
-    class UnknownRequestError(KVPoolError, KeyError):
-        """A request id that the manager does not track."""
-
-    class DuplicateRequestError(KVPoolError, ValueError):
-        """A request id that the manager already tracks."""
-
-    UnknownRequestError.__module__ = DuplicateRequestError.__module__ = "kvpool"
+from kvpool._errors import DuplicateRequestError, UnknownRequestError
 
 __all__ = ["KVCacheManager", "StepResult"]
 
@@ -94,19 +82,9 @@ HashFn = Callable[..., list[bytes]]  # (token_ids, *, lora, cache_salt, mm_featu
 
 
 def _make_hash_fn(block_size: int, hash_algo: str, seed: str) -> HashFn:
-    """The block-hash chain of a token list, as ``list[bytes]`` (full blocks only).
-
-    Uses the plain-Python ``kvpool.reference.hashing.BlockHasher`` when it exists, else the
-    Rust ``kvpool.BlockHasher`` (a fallback from before ``reference/hashing.py`` existed: drop it).
-    """
-    try:
-        hashing: Any = importlib.import_module("kvpool.reference.hashing")
-    except ModuleNotFoundError as exc:
-        if exc.name != "kvpool.reference.hashing":
-            raise
-        rust: Any = importlib.import_module("kvpool._core").BlockHasher(block_size, hash_algo=hash_algo, seed=seed)
-        return lambda tokens, **extras: list(rust.hash_tokens(tokens, **extras).to_list())
-    reference: Any = hashing.BlockHasher(block_size, hash_algo=hash_algo, seed=seed)
+    """The block-hash chain of a token list, as ``list[bytes]`` (full blocks only), computed by
+    the plain-Python ``kvpool.reference.hashing.BlockHasher``."""
+    reference = ReferenceHasher(block_size, hash_algo=hash_algo, seed=seed)
     return lambda tokens, **extras: list(reference.hash_tokens(tokens, **extras))
 
 

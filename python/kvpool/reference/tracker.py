@@ -45,12 +45,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from kvpool._errors import HAVE_CORE, DtypeError, InvalidArgumentError, KVPoolError
+from kvpool._errors import DtypeError, InvalidArgumentError
 from kvpool.reference.hashing import (
     BlockHasher,
     RequestExtras,
@@ -58,17 +58,7 @@ from kvpool.reference.hashing import (
     as_token_ids,
 )
 
-if TYPE_CHECKING or HAVE_CORE:
-    from kvpool._core import DuplicateRequestError, UnknownRequestError
-else:  # a source checkout without the extension: same names and bases as in _core.pyi
-
-    class UnknownRequestError(KVPoolError, KeyError):
-        """A request id that the manager does not track."""
-
-    class DuplicateRequestError(KVPoolError, ValueError):
-        """A request id that the manager already tracks."""
-
-    UnknownRequestError.__module__ = DuplicateRequestError.__module__ = "kvpool"
+from kvpool._errors import DuplicateRequestError, UnknownRequestError
 
 __all__ = ["ComputedBlocksTracker", "PrefixCache", "RequestId"]
 
