@@ -19,7 +19,7 @@ rebuilt from fresh objects and those whose pickle still holds a ``BINGET`` (CPyt
 and one-character strings) are skipped; request strings have at least two characters. The one
 repetition vLLM's own hash input has, the ``"mm"`` tag literal, is tested on purpose.
 
-``KVPOOL_HYPOTHESIS_EXAMPLES`` sets the number of examples per property (default 300).
+``KVPOOL_HYPOTHESIS_EXAMPLES`` sets the number of examples per property and algorithm (default 300).
 """
 
 from __future__ import annotations
@@ -369,8 +369,9 @@ def vllm_chain(req: Req, algo: str, steps: list[int] | None = None, seed: str = 
 
 
 @needs_core
+@pytest.mark.parametrize("algo", CBOR_ALGOS)
 @SETTINGS
-@given(value=values_st, algo=st.sampled_from(CBOR_ALGOS))
+@given(value=values_st)
 def test_encode_hash_input_matches_cbor2(value: Any, algo: str) -> None:
     expected = cbor2.dumps(value, canonical=True)
     assert core.encode_hash_input(value, algo) == expected
@@ -378,8 +379,9 @@ def test_encode_hash_input_matches_cbor2(value: Any, algo: str) -> None:
 
 
 @needs_core
+@pytest.mark.parametrize("algo", PICKLE_ALGOS)
 @SETTINGS
-@given(value=values_st.map(fresh), algo=st.sampled_from(PICKLE_ALGOS))
+@given(value=values_st.map(fresh))
 def test_encode_hash_input_matches_pickle(value: Any, algo: str) -> None:
     expected = pickle.dumps(value, protocol=5)
     assume(not has_memo_get(expected))
@@ -388,8 +390,9 @@ def test_encode_hash_input_matches_pickle(value: Any, algo: str) -> None:
 
 
 @needs_core
+@pytest.mark.parametrize("algo", ALGOS)
 @SETTINGS
-@given(value=values_st.map(fresh), algo=st.sampled_from(ALGOS))
+@given(value=values_st.map(fresh))
 def test_hash_value_matches_hashlib_and_xxhash(value: Any, algo: str) -> None:
     assume(algo in CBOR_ALGOS or not has_memo_get(pickle.dumps(value, protocol=5)))
     expected = H(algo, value)
@@ -435,9 +438,9 @@ def test_defaults_are_sha256_cbor_and_the_fixed_seed() -> None:
 
 
 @needs_core
+@pytest.mark.parametrize("algo", ALGOS)
 @SETTINGS
 @given(
-    algo=st.sampled_from(ALGOS),
     parent=st.one_of(st.none(), st.just(b""), st.binary(min_size=16, max_size=32)),
     tokens=tokens_st,
     extra=st.one_of(st.none(), values_st).map(fresh),
@@ -467,14 +470,16 @@ def check_hash_tokens(req: Req, algo: str) -> None:
             assert as_list(got) == expected, f"{type(hasher).__module__}.BlockHasher, tokens as {type(form)}"
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @SETTINGS
-@given(req=requests_st(extra_keys=False), algo=st.sampled_from(ALGOS))
+@given(req=requests_st(extra_keys=False))
 def test_hash_tokens_matches_vllm_and_reference(req: Req, algo: str) -> None:
     check_hash_tokens(req, algo)
 
 
+@pytest.mark.parametrize("algo", ALGOS)
 @SETTINGS
-@given(req=requests_st(extra_keys=True, overlapping=True), algo=st.sampled_from(ALGOS))
+@given(req=requests_st(extra_keys=True, overlapping=True))
 def test_hash_tokens_with_extra_keys_matches_vllm_and_reference(req: Req, algo: str) -> None:
     check_hash_tokens(req, algo)
 
