@@ -10,6 +10,9 @@ use proptest::prelude::*;
 
 const WIDTH: usize = 4;
 
+/// A prefix-map key in the model: (hash bytes, group).
+type Key = (Vec<u8>, u32);
+
 /// The model: everything in plain vectors.
 struct Model {
     null: bool,
@@ -18,7 +21,7 @@ struct Model {
     hashes: Vec<Option<(Vec<u8>, u32)>>,
     queue: Vec<u32>,
     /// (key, blocks in insertion order)
-    map: Vec<((Vec<u8>, u32), Vec<u32>)>,
+    map: Vec<(Key, Vec<u32>)>,
     events: Vec<PoolEvent>,
 }
 
@@ -85,7 +88,7 @@ impl Model {
             }
         }
         self.counts = counts;
-        head.extend(self.queue.drain(..));
+        head.append(&mut self.queue);
         self.queue = head;
         self.queue.extend(tail);
         Ok(())

@@ -19,6 +19,9 @@ use super::events::events_to_py;
 use super::hashing::hash_slice_of;
 use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
 
+/// Block ids of several requests back to back, and where each request's start.
+type IdsAndOffsets<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>);
+
 /// A pool of KV-cache blocks: free queue, reference counts and prefix cache.
 ///
 /// Semantics follow vLLM's v1 ``BlockPool``; block ids are numpy ``int32`` arrays.
@@ -157,7 +160,7 @@ impl PyBlockPool {
         &self,
         py: Python<'py>,
         counts: &Bound<'py, PyAny>,
-    ) -> PyResult<(Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>)> {
+    ) -> PyResult<IdsAndOffsets<'py>> {
         let mut raw = Vec::new();
         extract_i64s(counts, "counts", &mut raw)?;
         let mut wanted = Vec::with_capacity(raw.len());

@@ -222,7 +222,7 @@ pub fn extract_extras(
                 ErrorKind::Dtype,
                 format!(
                     "lora must be a (name, path) tuple of str, got {}",
-                    type_name(&lora)
+                    type_name(lora)
                 ),
             )
         })?;
@@ -233,7 +233,7 @@ pub fn extract_extras(
             error(
                 py,
                 ErrorKind::Dtype,
-                format!("cache_salt must be a str, got {}", type_name(&salt)),
+                format!("cache_salt must be a str, got {}", type_name(salt)),
             )
         })?;
         extras.cache_salt = Some(salt.to_str()?.to_owned());

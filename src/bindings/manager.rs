@@ -404,9 +404,7 @@ impl PyKVCacheManager {
         let id = super::requests::request_id(request_id)?;
         let manager = self.manager();
         let hashes = manager.block_hashes(&id).py_err(py)?;
-        let bytes: Vec<u8> = (0..hashes.len())
-            .flat_map(|i| hashes.get(i).iter().copied())
-            .collect();
+        let bytes = hashes.as_bytes().to_vec();
         Ok(PyBlockHashList::new(bytes, manager.hash_algo()))
     }
 

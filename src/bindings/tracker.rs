@@ -206,9 +206,7 @@ impl PyComputedBlocksTracker {
         let id = request_id(seq_id)?;
         let tracker = self.tracker();
         let hashes = tracker.block_hashes(&id).py_err(py)?;
-        let bytes: Vec<u8> = (0..hashes.len())
-            .flat_map(|i| hashes.get(i).iter().copied())
-            .collect();
+        let bytes = hashes.as_bytes().to_vec();
         Ok(PyBlockHashList::new(bytes, tracker.algo()))
     }
 

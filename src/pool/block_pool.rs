@@ -226,21 +226,25 @@ impl BlockPool {
         let start = out.len();
         self.queue.pop_front_n(&mut self.slab, n, out);
         for &id in &out[start..] {
-            let meta = self.slab.get_mut(id);
-            meta.ref_cnt = 1;
-            if meta.key_slot != NIL {
-                let slot = meta.key_slot;
-                meta.key_slot = NIL;
-                let key = self.map.remove(slot);
-                if self.config.enable_events {
-                    self.events.push(PoolEvent::BlockRemoved {
-                        block_hash: key.hash,
-                        group_idx: key.group,
-                    });
-                }
-            }
+            self.slab.get_mut(id).ref_cnt = 1;
+            self.drop_key(id);
         }
         Ok(())
+    }
+
+    /// Removes block `id` from the prefix cache, if it is there (one `BlockRemoved`).
+    #[inline]
+    fn drop_key(&mut self, id: u32) {
+        let slot = std::mem::replace(&mut self.slab.get_mut(id).key_slot, NIL);
+        if slot != NIL {
+            let key = self.map.remove(slot);
+            if self.config.enable_events {
+                self.events.push(PoolEvent::BlockRemoved {
+                    block_hash: key.hash,
+                    group_idx: key.group,
+                });
+            }
+        }
     }
 
     /// Allocates for several requests at once: `counts[i]` blocks for request `i`,
@@ -537,16 +541,7 @@ impl BlockPool {
     pub fn evict_blocks(&mut self, ids: &[u32]) -> PoolResult<()> {
         self.check_ids(ids)?;
         for &id in ids {
-            let slot = std::mem::replace(&mut self.slab.get_mut(id).key_slot, NIL);
-            if slot != NIL {
-                let key = self.map.remove(slot);
-                if self.config.enable_events {
-                    self.events.push(PoolEvent::BlockRemoved {
-                        block_hash: key.hash,
-                        group_idx: key.group,
-                    });
-                }
-            }
+            self.drop_key(id);
         }
         Ok(())
     }

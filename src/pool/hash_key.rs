@@ -137,6 +137,11 @@ impl<'a> HashSlice<'a> {
         self.width
     }
 
+    /// All hashes back to back.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
     /// Hash `i`.
     pub fn get(&self, i: usize) -> &'a [u8] {
         &self.bytes[i * self.width..(i + 1) * self.width]
