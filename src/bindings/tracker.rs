@@ -37,11 +37,25 @@ impl PyComputedBlocksTracker {
     #[pyo3(signature = (pool, block_size, *, hash_algo=None, seed=None))]
     fn new(
         py: Python<'_>,
-        pool: Py<PyBlockPool>,
+        pool: &Bound<'_, PyAny>,
         block_size: &Bound<'_, PyAny>,
         hash_algo: Option<&Bound<'_, PyAny>>,
         seed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let pool = pool
+            .cast::<PyBlockPool>()
+            .map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::Dtype,
+                    format!(
+                        "pool must be a kvpool.BlockPool, got {}",
+                        super::convert::type_name(pool)
+                    ),
+                )
+            })?
+            .clone()
+            .unbind();
         let block_size = int_arg(block_size, "block_size", 1, u32::MAX as i64)? as usize;
         let algo = algo_arg(py, hash_algo)?;
         let inner = ComputedBlocksTracker::new(block_size, algo, &seed_arg(seed)?).py_err(py)?;
