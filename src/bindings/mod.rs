@@ -5,6 +5,7 @@ pub mod block_pool;
 pub mod convert;
 pub mod errors;
 pub mod events;
+pub mod hash_list;
 pub mod hashing;
 pub mod manager;
 pub mod requests;

@@ -104,12 +104,13 @@ impl<'a> CacheBlocks<'a> {
 /// ```
 #[derive(Clone, Debug)]
 pub struct BlockPool {
-    config: PoolConfig,
-    slab: Slab,
-    queue: FreeQueue,
-    map: PrefixMap,
+    // pub(super): `invariants.rs` walks them.
+    pub(super) config: PoolConfig,
+    pub(super) slab: Slab,
+    pub(super) queue: FreeQueue,
+    pub(super) map: PrefixMap,
     events: Vec<PoolEvent>,
-    hash_width: Option<usize>,
+    pub(super) hash_width: Option<usize>,
     /// Blocks of one `free_blocks` call that reached 0: uncached ones (to the head).
     to_head: Vec<u32>,
     /// ... and cached ones (to the tail).
@@ -181,7 +182,7 @@ impl BlockPool {
     }
 
     #[inline]
-    fn is_null(&self, id: u32) -> bool {
+    pub(super) fn is_null(&self, id: u32) -> bool {
         self.config.null_block && id == 0
     }
 
@@ -622,101 +623,6 @@ impl BlockPool {
         self.check_ids(&[id])?;
         let slot = self.slab.get(id).key_slot;
         Ok((slot != NIL).then(|| *self.map.key_at(slot)))
-    }
-
-    /// Walks the whole structure; returns a description of every broken invariant.
-    pub fn check_invariants(&self) -> Result<(), Vec<String>> {
-        let mut problems = Vec::new();
-        let n = self.config.num_blocks;
-        let mut in_queue = vec![false; n as usize];
-        let mut prev = NIL;
-        let mut walked = 0usize;
-        for id in self.queue.iter(&self.slab) {
-            walked += 1;
-            if in_queue[id as usize] {
-                problems.push(format!("free queue: block {id} appears twice"));
-                break;
-            }
-            in_queue[id as usize] = true;
-            let meta = self.slab.get(id);
-            if meta.prev != prev {
-                problems.push(format!(
-                    "free queue: block {id} links back to {} not {prev}",
-                    meta.prev
-                ));
-            }
-            if self.is_null(id) {
-                problems.push("free queue: holds the null block".into());
-            }
-            prev = id;
-        }
-        if walked != self.queue.len() {
-            problems.push(format!(
-                "free queue: walked {walked} blocks, length says {}",
-                self.queue.len()
-            ));
-        }
-        if self.queue.tail() != prev {
-            problems.push(format!(
-                "free queue: tail is {} but the walk ended at {prev}",
-                self.queue.tail()
-            ));
-        }
-        for (id, meta) in self.slab.iter().enumerate() {
-            let id = id as u32;
-            if self.is_null(id) {
-                if meta.ref_cnt != 0 || meta.is_cached() {
-                    problems.push("null block: has a count or a hash".into());
-                }
-                continue;
-            }
-            if (meta.ref_cnt == 0) != in_queue[id as usize] {
-                problems.push(format!(
-                    "block {id}: count {} but {} the free queue",
-                    meta.ref_cnt,
-                    if in_queue[id as usize] {
-                        "in"
-                    } else {
-                        "not in"
-                    }
-                ));
-            }
-            if meta.is_cached() && self.map.block_at(meta.key_slot) != id {
-                problems.push(format!("block {id}: its key slot belongs to another block"));
-            }
-            if meta.is_cached() && !self.config.enable_caching {
-                problems.push(format!("block {id}: cached although caching is off"));
-            }
-        }
-        let cached = self.slab.iter().filter(|m| m.is_cached()).count();
-        if cached != self.map.len() {
-            problems.push(format!(
-                "prefix map: {} entries but {cached} cached blocks",
-                self.map.len()
-            ));
-        }
-        let slab = &self.slab;
-        self.map.check(
-            |block| {
-                (block < n)
-                    .then(|| slab.get(block).key_slot)
-                    .filter(|&s| s != NIL)
-            },
-            &mut problems,
-        );
-        if let Some(w) = self.hash_width {
-            if (0..n).any(|id| {
-                let m = slab.get(id);
-                m.is_cached() && self.map.key_at(m.key_slot).hash.width() != w
-            }) {
-                problems.push("prefix map: a cached hash has another width than the pool's".into());
-            }
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems)
-        }
     }
 }
 

@@ -10,8 +10,6 @@
 //! - `free`: the request's blocks in reverse order; `preempt`: the same, and the
 //!   request restarts from zero computed tokens.
 
-use std::collections::VecDeque;
-
 use hashbrown::HashMap;
 
 use super::block_pool::{BlockPool, CacheBlocks, PoolConfig};
@@ -20,6 +18,7 @@ use super::events::PoolEvent;
 use super::hash_key::HashSlice;
 use super::hashing::HashAlgo;
 use super::request_id::RequestId;
+use super::stats::{PrefixCacheStats, StatsRecorder};
 use super::tracker::{Sequence, SequenceExtras, SequenceHasher};
 
 /// How a manager is built.
@@ -71,145 +70,42 @@ pub struct LoraInfo {
 /// One request: its sequence (tokens, hashes) and its block table, in one record,
 /// so each call finds a request with one lookup.
 #[derive(Debug)]
-struct Request {
-    seq: Sequence,
-    blocks: Vec<u32>,
-    num_cached_blocks: usize,
-    num_computed_tokens: usize,
-    lora: LoraInfo,
-    num_preemptions: u32,
+pub(super) struct Request {
+    pub(super) seq: Sequence,
+    pub(super) blocks: Vec<u32>,
+    pub(super) num_cached_blocks: usize,
+    pub(super) num_computed_tokens: usize,
+    pub(super) lora: LoraInfo,
+    pub(super) num_preemptions: u32,
 }
 
 impl Request {
     /// Not started (or preempted): no blocks and nothing computed.
-    fn waiting(&self) -> bool {
+    pub(super) fn waiting(&self) -> bool {
         self.blocks.is_empty() && self.num_computed_tokens == 0
     }
 }
 
-/// Prefix-cache statistics, recorded as vLLM 0.33 records them: when a waiting
-/// request is admitted (its first successful allocation), so lookups of requests
-/// that stay waiting are not counted; resumed (preempted) requests apart.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PrefixCacheStats {
-    /// New requests admitted.
-    pub requests: u64,
-    /// Their tokens (what was looked up).
-    pub queries: u64,
-    /// Their tokens found computed in the prefix cache.
-    pub hits: u64,
-    /// Preempted requests admitted again.
-    pub preempted_requests: u64,
-    /// Their tokens.
-    pub preempted_queries: u64,
-    /// Their tokens found computed.
-    pub preempted_hits: u64,
-}
-
-impl PrefixCacheStats {
-    /// `hits / queries`, 0 when nothing was queried.
-    pub fn hit_rate(&self) -> f64 {
-        if self.queries == 0 {
-            0.0
-        } else {
-            self.hits as f64 / self.queries as f64
-        }
-    }
-}
-
-/// One request's part in a batched step.
-#[derive(Clone, Debug)]
-pub struct StepRequest<'a> {
-    /// The request.
-    pub id: &'a RequestId,
-    /// Tokens to schedule. For a request that has not started: the most to compute
-    /// beyond its prefix hit (the manager looks the hit up first).
-    pub num_new_tokens: usize,
-    /// Speculative slots to allocate beyond them (never cached).
-    pub num_lookahead_tokens: usize,
-}
-
-/// What a batched step did, per request in order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StepOutcome {
-    /// New block ids of every request, back to back.
-    pub block_ids: Vec<u32>,
-    /// `block_ids[offsets[i]..offsets[i + 1]]` are request `i`'s new blocks.
-    pub offsets: Vec<usize>,
-    /// Tokens scheduled per request (0 where allocation failed or was not tried).
-    pub num_scheduled_tokens: Vec<usize>,
-    /// Prefix-hit tokens per request (non-zero only for requests starting now).
-    pub num_hit_tokens: Vec<usize>,
-    /// Whether each request got its slots.
-    pub allocated: Vec<bool>,
-}
-
-/// Statistics and their recent window.
-#[derive(Debug, Default)]
-struct StatsRecorder {
-    all: PrefixCacheStats,
-    window: VecDeque<(u64, u64)>,
-    window_len: usize,
-}
-
-impl StatsRecorder {
-    /// Counts an admitted request; a resumed (preempted) one apart, as vLLM does.
-    fn record(&mut self, queries: u64, hits: u64, preempted: bool) {
-        if preempted {
-            self.all.preempted_requests += 1;
-            self.all.preempted_queries += queries;
-            self.all.preempted_hits += hits;
-            return;
-        }
-        self.all.requests += 1;
-        self.all.queries += queries;
-        self.all.hits += hits;
-        if self.window_len > 0 {
-            if self.window.len() == self.window_len {
-                self.window.pop_front();
-            }
-            self.window.push_back((queries, hits));
-        }
-    }
-
-    fn recent(&self) -> PrefixCacheStats {
-        let mut s = PrefixCacheStats {
-            requests: self.window.len() as u64,
-            ..Default::default()
-        };
-        for &(q, h) in &self.window {
-            s.queries += q;
-            s.hits += h;
-        }
-        s
-    }
-
-    fn clear(&mut self) {
-        self.all = PrefixCacheStats::default();
-        self.window.clear();
-    }
-}
-
 /// One `allocate_slots` call, its inputs checked for shape by the caller.
-struct SlotRequest<'a> {
-    num_new_tokens: usize,
-    num_new_computed_tokens: usize,
-    new_computed_blocks: &'a [u32],
-    num_lookahead_tokens: usize,
+pub(super) struct SlotRequest<'a> {
+    pub(super) num_new_tokens: usize,
+    pub(super) num_new_computed_tokens: usize,
+    pub(super) new_computed_blocks: &'a [u32],
+    pub(super) num_lookahead_tokens: usize,
 }
 
 /// The per-request block manager.
 #[derive(Debug)]
 pub struct KVCacheManager {
-    pool: BlockPool,
-    hasher: SequenceHasher,
-    requests: HashMap<RequestId, Request>,
-    max_model_len: usize,
-    stats: StatsRecorder,
-    hits_scratch: Vec<u32>,
+    pub(super) pool: BlockPool,
+    pub(super) hasher: SequenceHasher,
+    pub(super) requests: HashMap<RequestId, Request>,
+    pub(super) max_model_len: usize,
+    pub(super) stats: StatsRecorder,
+    pub(super) hits_scratch: Vec<u32>,
 }
 
-fn unknown(id: &RequestId) -> PoolError {
+pub(super) fn unknown(id: &RequestId) -> PoolError {
     PoolError::UnknownRequest(id.to_string())
 }
 
@@ -237,10 +133,7 @@ impl KVCacheManager {
             hasher,
             requests: HashMap::new(),
             max_model_len: config.max_model_len.unwrap_or(usize::MAX),
-            stats: StatsRecorder {
-                window_len: config.stats_window,
-                ..Default::default()
-            },
+            stats: StatsRecorder::new(config.stats_window),
             hits_scratch: Vec::new(),
         })
     }
@@ -400,7 +293,7 @@ impl KVCacheManager {
     }
 
     /// `allocate_slots` on one request record.
-    fn allocate(
+    pub(super) fn allocate(
         pool: &mut BlockPool,
         stats: &mut StatsRecorder,
         max_model_len: usize,
@@ -581,75 +474,14 @@ impl KVCacheManager {
         Ok(())
     }
 
-    fn check_known<'a>(&self, mut ids: impl Iterator<Item = &'a RequestId>) -> PoolResult<()> {
+    pub(super) fn check_known<'a>(
+        &self,
+        mut ids: impl Iterator<Item = &'a RequestId>,
+    ) -> PoolResult<()> {
         match ids.find(|id| !self.requests.contains_key(*id)) {
             Some(id) => Err(unknown(id)),
             None => Ok(()),
         }
-    }
-
-    /// One scheduler step in one call: for each request in order, a request that
-    /// has not started first looks up its prefix hit and schedules
-    /// `min(num_new_tokens, num_tokens - hit)` tokens; a running one schedules
-    /// `num_new_tokens`. Then its slots are allocated as by
-    /// [`Self::allocate_slots`]. A request that does not fit is marked and, with
-    /// `stop_at_first_failure`, ends the step (vLLM's waiting queue does so).
-    /// Unknown ids fail the whole step before anything changes.
-    pub fn schedule_step(
-        &mut self,
-        step: &[StepRequest<'_>],
-        stop_at_first_failure: bool,
-        out: &mut StepOutcome,
-    ) -> PoolResult<()> {
-        self.check_known(step.iter().map(|r| r.id))?;
-        let Self {
-            pool,
-            requests,
-            stats,
-            max_model_len,
-            hits_scratch: hits,
-            ..
-        } = self;
-        out.offsets.push(out.block_ids.len());
-        let mut stopped = false;
-        for req in step {
-            let (mut scheduled, mut hit_tokens, mut ok) = (0, 0, false);
-            if !stopped {
-                let request = requests.get_mut(req.id).ok_or_else(|| unknown(req.id))?;
-                hits.clear();
-                let mut num_new = req.num_new_tokens;
-                if request.waiting() {
-                    hit_tokens = request.seq.lookup_computed_blocks(pool, hits)?;
-                    num_new = num_new.min(request.seq.num_tokens() - hit_tokens);
-                }
-                let call = SlotRequest {
-                    num_new_tokens: num_new,
-                    num_new_computed_tokens: hit_tokens,
-                    new_computed_blocks: hits,
-                    num_lookahead_tokens: req.num_lookahead_tokens,
-                };
-                ok = num_new + hit_tokens > 0
-                    && Self::allocate(
-                        pool,
-                        stats,
-                        *max_model_len,
-                        request,
-                        &call,
-                        &mut out.block_ids,
-                    )?;
-                if ok {
-                    scheduled = num_new;
-                } else {
-                    hit_tokens = 0;
-                    stopped = stop_at_first_failure;
-                }
-            }
-            out.num_scheduled_tokens.push(scheduled);
-            out.num_hit_tokens.push(hit_tokens);
-            out.allocated.push(ok);
-            out.offsets.push(out.block_ids.len());
-        }
-        Ok(())
     }
 
     /// The tracked request ids, in no particular order.

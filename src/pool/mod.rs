@@ -10,10 +10,13 @@ mod events;
 mod free_queue;
 mod hash_key;
 pub mod hashing;
+mod invariants;
 mod manager;
 mod prefix_map;
 mod request_id;
 mod slab;
+mod stats;
+mod step;
 mod tracker;
 
 pub use block_pool::{check_offsets, BlockPool, CacheBlocks, PoolConfig, MAX_BLOCKS};
@@ -21,10 +24,10 @@ pub use error::{PoolError, PoolResult};
 pub use events::PoolEvent;
 pub use free_queue::FreeQueue;
 pub use hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
-pub use manager::{
-    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, StepOutcome, StepRequest,
-};
+pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use prefix_map::PrefixMap;
 pub use request_id::RequestId;
 pub use slab::{BlockMeta, Slab, NIL};
+pub use stats::PrefixCacheStats;
+pub use step::{StepOutcome, StepRequest};
 pub use tracker::{ComputedBlocksTracker, Sequence, SequenceExtras, SequenceHasher};
