@@ -190,7 +190,11 @@ def test_simulate_plot(capsys: pytest.CaptureFixture[str], hand_trace: Path, tmp
                          "--plot", str(path), "--json")
     rows = json_lines(out)
     assert status == 0 and path.read_bytes()[:4] == b"\x89PNG"
-    assert len(rows) == 9 and rows[-1]["capacity_blocks"] is None  # default sweep + the ceiling
+    # The default sweep (8 geometric points, fewer where a tiny trace makes them coincide)
+    # then the unbounded ceiling.
+    capacities = [r["capacity_blocks"] for r in rows]
+    assert capacities[-1] is None and 2 <= len(capacities) <= 9
+    assert capacities[:-1] == sorted(set(capacities[:-1]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -58,16 +58,22 @@ from __future__ import annotations
 import bisect
 import hashlib
 import importlib
-import operator
 import pickle
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
 from kvpool._errors import DtypeError, HashWidthError, InvalidArgumentError
+from kvpool.reference._args import (
+    NO_EXTRAS,
+    MmFeature,
+    RequestExtras,
+    as_int_arg,
+    as_opt_str_arg,
+    as_request_extras,
+    as_token_ids,
+    iterate,
+)
 
 __all__ = [
     "DEFAULT_HASH_ALGO",
@@ -103,9 +109,7 @@ HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DEFAULT_HASH_ALGO = "sha256_cbor"
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 DIGEST_LEN = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16}
-PROMPT_EMBED_DIGEST_LEN = 32
 MAX_BLOCK_SIZE = 2**32 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 HASH_INPUT_INT_MIN, HASH_INPUT_INT_MAX = -(2**127), 2**127 - 1  # kvpool's Value::Int is an i128
 
 
@@ -137,6 +141,7 @@ def cbor_bytes(obj: Any) -> bytes:
 
 
 def _xxh3_128_digest(data: bytes) -> bytes:
+    """xxh3-128 of ``data``, 16 bytes big-endian (``xxhash.xxh3_128_digest``)."""
     module = _optional_module("xxhash", "xxhash and xxhash_cbor")
     if not hasattr(module, "xxh3_128_digest"):
         raise ModuleNotFoundError("the xxhash hash algorithms need xxhash >= 3 (xxh3_128_digest)", name="xxhash")
@@ -183,13 +188,12 @@ def check_hash_algo(hash_algo: Any) -> str:
 
     ``DtypeError`` unless a ``str``; ``InvalidArgumentError`` for a name vLLM does not know.
     """
-    if hash_algo is None:
+    name = as_opt_str_arg(hash_algo, "hash_algo")
+    if name is None:
         return DEFAULT_HASH_ALGO
-    if not isinstance(hash_algo, str):
-        raise DtypeError(f"hash_algo must be a str, not {type(hash_algo).__name__}")
-    if hash_algo not in _HASH_FUNCTIONS:
-        raise InvalidArgumentError(f"unknown hash_algo {hash_algo!r}: expected one of {', '.join(HASH_ALGOS)}")
-    return str(hash_algo)
+    if name not in _HASH_FUNCTIONS:
+        raise InvalidArgumentError(f"unknown hash_algo {name!r}: expected one of {', '.join(HASH_ALGOS)}")
+    return name
 
 
 def get_hash_fn(hash_algo: str | None) -> HashFunction:
@@ -242,11 +246,9 @@ def hash_value(value: Any, hash_algo: str = DEFAULT_HASH_ALGO) -> bytes:
 
 
 def _as_seed(seed: Any) -> str:
-    if seed is None:
-        return DEFAULT_NONE_HASH_SEED
-    if not isinstance(seed, str):
-        raise DtypeError(f"seed must be a str or None, not {type(seed).__name__}")
-    return str.__str__(seed)
+    """The ``NONE_HASH`` seed: a ``str``, or ``None`` for ``"vllm-none-hash"``; else ``DtypeError``."""
+    text = as_opt_str_arg(seed, "seed")
+    return DEFAULT_NONE_HASH_SEED if text is None else text
 
 
 def none_hash(hash_algo: str = DEFAULT_HASH_ALGO, seed: str | None = None) -> bytes:
@@ -259,163 +261,6 @@ def none_hash(hash_algo: str = DEFAULT_HASH_ALGO, seed: str | None = None) -> by
 
 
 compute_none_hash = none_hash
-
-
-# --------------------------------------------------------------------------------------------
-# Argument conversion, mirroring the Rust binding (src/bindings/convert.rs, hashing.rs).
-# --------------------------------------------------------------------------------------------
-
-
-def _fresh(text: str) -> str:
-    """A new ``str`` object equal to ``text`` (CPython shares "" and one-character strings)."""
-    return text[:1] + text[1:]
-
-
-def as_int_arg(value: Any, name: str, low: int, high: int) -> int:
-    """An int argument in ``low..=high``: ``DtypeError`` if not an int, else ``InvalidArgumentError``.
-
-    Takes what has ``__index__`` (Python ints, bools, numpy integers), not floats.
-    """
-    if isinstance(value, (float, str, bytes)):
-        raise DtypeError(f"{name} must be an int, got {type(value).__name__}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise DtypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if not low <= v <= high:
-        raise InvalidArgumentError(f"{name} must be in {low}..={high}, got {v}")
-    return v
-
-
-def _as_token(item: Any, name: str) -> int:
-    if isinstance(item, (float, str)):
-        raise DtypeError(f"{name} must be a 1-D numpy integer array or a sequence of ints")
-    try:
-        v = operator.index(item)
-    except TypeError:
-        raise DtypeError(f"{name} must be a 1-D numpy integer array or a sequence of ints") from None
-    if not INT64_MIN <= v <= INT64_MAX:
-        raise InvalidArgumentError(f"{name} holds an integer beyond int64")
-    return v
-
-
-def as_token_ids(values: Any, name: str = "token_ids") -> list[int]:
-    """Token ids from a 1-D numpy integer array or any iterable of ints (not a str/bytes).
-
-    ``DtypeError`` for anything else (float or bool arrays, 2-D arrays, floats, ...);
-    ``InvalidArgumentError`` for a value outside int64.
-    """
-    if isinstance(values, np.ndarray):
-        if values.ndim != 1 or values.dtype.kind not in "iu":
-            raise DtypeError(f"{name} must be a 1-D numpy integer array, got dtype {values.dtype} ndim {values.ndim}")
-        out = [int(v) for v in values.tolist()]
-        if out and max(out) > INT64_MAX:
-            raise InvalidArgumentError(f"{name} holds integers beyond int64")
-        return out
-    if isinstance(values, (str, bytes)):
-        raise DtypeError(f"{name} must be a 1-D numpy integer array or a sequence of ints, got {type(values).__name__}")
-    try:
-        items = iter(values)
-    except TypeError:
-        raise DtypeError(
-            f"{name} must be a 1-D numpy integer array or a sequence of ints, got {type(values).__name__}"
-        ) from None
-    return [_as_token(item, name) for item in items]
-
-
-@dataclass(frozen=True)
-class MmFeature:
-    """A multimodal input: vLLM's ``MultiModalFeatureSpec`` reduced to what hashing reads."""
-
-    identifier: str
-    offset: int  # mm_position.offset: index of the first placeholder token
-    length: int  # mm_position.length: number of placeholder tokens
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-
-@dataclass(frozen=True)
-class RequestExtras:
-    """A request's inputs to its blocks' extra keys (vLLM reads them off the ``Request``)."""
-
-    lora: tuple[str, str] | None = None  # (lora_name, lora_path)
-    cache_salt: str | None = None
-    mm_features: tuple[MmFeature, ...] = ()  # sorted by offset
-    prompt_embed_digests: tuple[bytes, ...] | None = None  # one SHA-256 digest per block
-
-    def hashable_blocks(self, num_full_blocks: int) -> int:
-        """How many of the first ``num_full_blocks`` blocks have every input they need."""
-        if self.prompt_embed_digests is None:
-            return num_full_blocks
-        return min(num_full_blocks, len(self.prompt_embed_digests))
-
-
-NO_EXTRAS = RequestExtras()
-
-
-def _mm_feature(item: Any) -> MmFeature:
-    if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str)):
-        raise DtypeError(
-            f"each mm feature must be an (identifier: str, offset: int, length: int) tuple, got {type(item).__name__}"
-        )
-    offset = as_int_arg(item[1], "mm feature offset", INT64_MIN, INT64_MAX)
-    length = as_int_arg(item[2], "mm feature length", INT64_MIN, INT64_MAX)
-    if offset < 0 or length < 0:
-        raise InvalidArgumentError("mm feature offset and length must be >= 0")
-    return MmFeature(_fresh(item[0]), offset, length)
-
-
-def _digest(item: Any) -> bytes:
-    if not isinstance(item, bytes):
-        raise DtypeError(f"prompt embed digests must be bytes, got {type(item).__name__}")
-    if len(item) != PROMPT_EMBED_DIGEST_LEN:
-        raise HashWidthError(f"a prompt embed digest must be {PROMPT_EMBED_DIGEST_LEN} bytes, got {len(item)}")
-    return bytes(item)
-
-
-def _iterate(values: Any, message: str) -> Iterator[Any]:
-    try:
-        items: Iterator[Any] = iter(values)
-    except TypeError:
-        raise DtypeError(message) from None
-    return items
-
-
-def as_request_extras(
-    lora: Any = None,
-    cache_salt: Any = None,
-    mm_features: Any = None,
-    prompt_embed_digests: Any = None,
-) -> RequestExtras:
-    """The request-level extra-key inputs, checked as ``kvpool.BlockHasher.hash_tokens`` checks them.
-
-    ``DtypeError`` for a wrong type (``lora`` must be a ``(name, path)`` tuple of ``str``,
-    ``cache_salt`` a ``str``, each mm feature an ``(identifier, offset, length)`` tuple, each
-    digest ``bytes``); ``InvalidArgumentError`` for a negative mm offset or length, or mm
-    features not sorted by offset; ``HashWidthError`` for a digest not of 32 bytes.
-    """
-    lora_pair: tuple[str, str] | None = None
-    if lora is not None:
-        if not (isinstance(lora, tuple) and len(lora) == 2 and all(isinstance(x, str) for x in lora)):
-            raise DtypeError(f"lora must be a (name, path) tuple of str, got {type(lora).__name__}")
-        lora_pair = (_fresh(lora[0]), _fresh(lora[1]))
-    salt: str | None = None
-    if cache_salt is not None:
-        if not isinstance(cache_salt, str):
-            raise DtypeError(f"cache_salt must be a str, got {type(cache_salt).__name__}")
-        salt = _fresh(cache_salt)
-    features: tuple[MmFeature, ...] = ()
-    if mm_features is not None:
-        features = tuple(_mm_feature(item) for item in _iterate(mm_features, "mm_features must be a sequence"))
-    digests: tuple[bytes, ...] | None = None
-    if prompt_embed_digests is not None:
-        message = "prompt_embed_digests must be a sequence of bytes"
-        digests = tuple(_digest(item) for item in _iterate(prompt_embed_digests, message))
-    if any(a.offset > b.offset for a, b in zip(features, features[1:])):
-        raise InvalidArgumentError("multimodal features must be sorted by offset")
-    return RequestExtras(lora_pair, salt, features, digests)
 
 
 # --------------------------------------------------------------------------------------------
@@ -606,8 +451,7 @@ class BlockHasher:
         """``DtypeError`` for a non-int ``block_size`` or non-str ``hash_algo``/``seed``;
         ``InvalidArgumentError`` unless ``1 <= block_size <= 2**32 - 1`` and ``hash_algo`` is one of
         ``sha256``, ``sha256_cbor`` (the default), ``xxhash``, ``xxhash_cbor``."""
-        if hash_algo is not None and not isinstance(hash_algo, str):
-            raise DtypeError(f"hash_algo must be a str, not {type(hash_algo).__name__}")
+        as_opt_str_arg(hash_algo, "hash_algo")
         seed_str = _as_seed(seed)
         self._block_size = as_int_arg(block_size, "block_size", 1, MAX_BLOCK_SIZE)
         self._hash_algo = check_hash_algo(hash_algo)
@@ -630,6 +474,7 @@ class BlockHasher:
         return self._none_hash
 
     def __repr__(self) -> str:
+        """A summary: block size and hash algorithm."""
         return f"reference.BlockHasher(block_size={self._block_size}, hash_algo={self._hash_algo!r})"
 
     def update_chain(self, hashes: list[bytes], token_ids: Sequence[int], extras: RequestExtras) -> int:
@@ -657,7 +502,7 @@ class BlockHasher:
 
     def hash_tokens_many(self, token_lists: Any) -> list[list[bytes]]:
         """``hash_tokens`` of each token list (no extra keys)."""
-        lists = [as_token_ids(tokens) for tokens in _iterate(token_lists, "token_lists must be a sequence")]
+        lists = [as_token_ids(tokens) for tokens in iterate(token_lists, "token_lists must be a sequence")]
         out = []
         for tokens in lists:
             hashes: list[bytes] = []

@@ -38,7 +38,7 @@ Example::
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,225 +48,35 @@ import numpy.typing as npt
 from kvpool._errors import (
     BlockStateError,
     CachingDisabledError,
-    DtypeError,
-    HashWidthError,
+    DuplicateRequestError,
     InvalidArgumentError,
-    InvalidBlockIdError,
     InvariantError,
+    UnknownRequestError,
 )
-from kvpool.reference.hashing import BlockHasher as ReferenceHasher
-from kvpool.reference.pool import BlockPool
+from kvpool.reference._args import (
+    I64_MAX,
+    RequestExtras,
+    RequestId,
+    as_block_ids,
+    as_bool_arg,
+    as_int_arg,
+    as_int_list,
+    as_opt_int_arg,
+    as_opt_str_arg,
+    as_per_request,
+    as_request_extras,
+    as_request_id,
+    as_request_ids,
+    as_segments,
+)
+from kvpool.reference.hashing import DIGEST_LEN, MAX_BLOCK_SIZE, BlockHasher, check_hash_algo
+from kvpool.reference.pool import MAX_NUM_BLOCKS, BlockPool
 from kvpool.stats import PrefixCacheStats
-
-from kvpool._errors import DuplicateRequestError, UnknownRequestError
 
 __all__ = ["KVCacheManager", "StepResult"]
 
-I64_MIN, I64_MAX = -(2**63), 2**63 - 1
-MAX_NUM_BLOCKS = 2**31 - 1
-MAX_BLOCK_SIZE = 2**32 - 1
 MAX_STATS_WINDOW = 2**32
 DEFAULT_STATS_WINDOW = 1000
-DEFAULT_HASH_ALGO = "sha256_cbor"
-DEFAULT_SEED = "vllm-none-hash"
-DIGEST_SIZES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16}
-
-RequestId = str | int
-
-
-# --------------------------------------------------------------------------------------------
-# Block hashing: the one seam to another module.
-# --------------------------------------------------------------------------------------------
-
-HashFn = Callable[..., list[bytes]]  # (token_ids, *, lora, cache_salt, mm_features, prompt_embed_digests)
-
-
-def _make_hash_fn(block_size: int, hash_algo: str, seed: str) -> HashFn:
-    """The block-hash chain of a token list, as ``list[bytes]`` (full blocks only), computed by
-    the plain-Python ``kvpool.reference.hashing.BlockHasher``."""
-    reference = ReferenceHasher(block_size, hash_algo=hash_algo, seed=seed)
-    return lambda tokens, **extras: list(reference.hash_tokens(tokens, **extras))
-
-
-# --------------------------------------------------------------------------------------------
-# Argument conversion, mirroring the Rust binding (``src/bindings/convert.rs``,
-# ``requests.rs``, ``hashing.rs::extract_extras``). None of these looks at the manager.
-# --------------------------------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    """An int the binding would take: Python ``int`` (bools included) or a numpy integer."""
-    return isinstance(value, (int, np.integer))
-
-
-def _int_arg(value: Any, name: str, low: int, high: int) -> int:
-    """``value`` as an int in ``low..=high``: ``DtypeError`` if not an int, else ``InvalidArgumentError``."""
-    if not _is_int(value):
-        raise DtypeError(f"{name} must be an int, got {type(value).__name__}")
-    v = int(value)
-    if not low <= v <= high:
-        raise InvalidArgumentError(f"{name} must be in {low}..={high}, got {v}")
-    return v
-
-
-def _opt_int_arg(value: Any, name: str, low: int, high: int) -> int | None:
-    return None if value is None else _int_arg(value, name, low, high)
-
-
-def _opt_bool_arg(value: Any, name: str, default: bool) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise DtypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
-def _i64_list(values: Any, name: str) -> list[int]:
-    """A 1-D numpy integer array or an iterable of ints (not a str/bytes), as ints in int64."""
-    bad = DtypeError(f"{name} must be a 1-D numpy integer array or a sequence of ints, got {type(values).__name__}")
-    if isinstance(values, np.ndarray):
-        if values.ndim != 1 or values.dtype.kind not in "iu":
-            raise bad
-        out = [int(v) for v in values.tolist()]
-        if values.dtype.kind == "u" and any(v > I64_MAX for v in out):
-            raise InvalidArgumentError(f"{name} holds integers beyond int64")
-        return out
-    if isinstance(values, (str, bytes, bytearray)):
-        raise bad
-    try:
-        items = list(values)
-    except TypeError:
-        raise bad from None
-    out = []
-    for item in items:
-        if not _is_int(item):
-            raise bad
-        v = int(item)
-        if not I64_MIN <= v <= I64_MAX:
-            raise InvalidArgumentError(f"{name} holds an integer beyond int64")
-        out.append(v)
-    return out
-
-
-def _block_ids(values: Any, num_blocks: int) -> list[int]:
-    """Block ids in ``0..num_blocks`` (``InvalidBlockIdError`` otherwise)."""
-    ids = _i64_list(values, "block ids")
-    for block_id in ids:
-        if not 0 <= block_id < num_blocks:
-            raise InvalidBlockIdError(f"block id {block_id} is out of range for a pool of {num_blocks} blocks")
-    return ids
-
-
-def _request_id(value: Any) -> RequestId:
-    """A request id: a ``str``, or an int in int64 (not a bool); ``"1"`` and ``1`` differ."""
-    if isinstance(value, str):
-        return value
-    if _is_int(value) and not isinstance(value, (bool, np.bool_)) and I64_MIN <= int(value) <= I64_MAX:
-        return int(value)
-    raise DtypeError(f"a request id must be a str or an int, got {type(value).__name__}")
-
-
-def _request_ids(values: Any) -> list[RequestId]:
-    if isinstance(values, str):
-        raise DtypeError("request ids must be a sequence of ids, not one str")
-    try:
-        items = list(values)
-    except TypeError:
-        raise DtypeError(f"request ids must be a sequence, got {type(values).__name__}") from None
-    return [_request_id(item) for item in items]
-
-
-def _per_request(value: Any, name: str, n: int) -> list[int]:
-    """A count per request: one int for all, or one per request; each >= 0."""
-    if _is_int(value) and I64_MIN <= int(value) <= I64_MAX:
-        if int(value) < 0:
-            raise InvalidArgumentError(f"{name} must be >= 0")
-        return [int(value)] * n
-    counts = _i64_list(value, name)
-    if len(counts) != n:
-        raise InvalidArgumentError(f"{name} has {len(counts)} entries for {n} requests")
-    if any(c < 0 for c in counts):
-        raise InvalidArgumentError(f"{name} must be >= 0")
-    return counts
-
-
-def _segments(token_ids: Any, offsets: Any, n: int) -> tuple[list[int], list[int]]:
-    """A flat token list cut into ``n`` segments by ``offsets`` (one token each when None)."""
-    tokens = _i64_list(token_ids, "token_ids")
-    cuts = list(range(len(tokens) + 1)) if offsets is None else _i64_list(offsets, "offsets")
-    if len(cuts) != n + 1:
-        raise InvalidArgumentError(f"{max(len(cuts) - 1, 0)} segments of token ids for {n} ids")
-    ok = cuts[0] == 0 and cuts[-1] == len(tokens) and all(a <= b for a, b in zip(cuts, cuts[1:]))
-    if not ok:
-        raise InvalidArgumentError(f"offsets must start at 0, never decrease and end at {len(tokens)}")
-    return tokens, cuts
-
-
-@dataclass(frozen=True)
-class _Extras:
-    """A request's inputs to its block hashes' extra keys, validated."""
-
-    lora: tuple[str, str] | None = None
-    cache_salt: str | None = None
-    mm_features: tuple[tuple[str, int, int], ...] | None = None
-    prompt_embed_digests: tuple[bytes, ...] | None = None
-
-    def as_kwargs(self) -> dict[str, Any]:
-        return {
-            "lora": self.lora,
-            "cache_salt": self.cache_salt,
-            "mm_features": None if self.mm_features is None else list(self.mm_features),
-            "prompt_embed_digests": None if self.prompt_embed_digests is None else list(self.prompt_embed_digests),
-        }
-
-
-def _extras(lora: Any, cache_salt: Any, mm_features: Any, prompt_embed_digests: Any) -> _Extras:
-    """Validate the extra-key arguments as ``add_request`` takes them."""
-    pair: tuple[str, str] | None = None
-    if lora is not None:
-        if not (isinstance(lora, tuple) and len(lora) == 2 and all(isinstance(s, str) for s in lora)):
-            raise DtypeError(f"lora must be a (name, path) tuple of str, got {type(lora).__name__}")
-        pair = (lora[0], lora[1])
-    if cache_salt is not None and not isinstance(cache_salt, str):
-        raise DtypeError(f"cache_salt must be a str, got {type(cache_salt).__name__}")
-    features: tuple[tuple[str, int, int], ...] | None = None
-    if mm_features is not None:
-        try:
-            items = list(mm_features)
-        except TypeError:
-            raise DtypeError("mm_features must be a sequence") from None
-        out = []
-        for item in items:
-            if not (
-                isinstance(item, tuple)
-                and len(item) == 3
-                and isinstance(item[0], str)
-                and _is_int(item[1])
-                and _is_int(item[2])
-            ):
-                raise DtypeError(
-                    "each mm feature must be an (identifier: str, offset: int, length: int) tuple, "
-                    f"got {type(item).__name__}"
-                )
-            if int(item[1]) < 0 or int(item[2]) < 0:
-                raise InvalidArgumentError("mm feature offset and length must be >= 0")
-            out.append((item[0], int(item[1]), int(item[2])))
-        features = tuple(out)
-    digests: tuple[bytes, ...] | None = None
-    if prompt_embed_digests is not None:
-        try:
-            items = list(prompt_embed_digests)  # a bare bytes/str iterates to ints/strs: rejected below
-        except TypeError:
-            raise DtypeError("prompt_embed_digests must be a sequence of bytes") from None
-        for item in items:
-            if not isinstance(item, bytes):
-                raise DtypeError(f"prompt embed digests must be bytes, got {type(item).__name__}")
-            if len(item) != 32:
-                raise HashWidthError(f"a prompt embed digest must be 32 bytes, got {len(item)}")
-        digests = tuple(items)
-    if features is not None and any(a[1] > b[1] for a, b in zip(features, features[1:])):
-        raise InvalidArgumentError("multimodal features must be sorted by offset")
-    return _Extras(pair, cache_salt, features, digests)
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,6 +98,7 @@ class StepResult:
     allocated: npt.NDArray[np.bool_]
 
     def __len__(self) -> int:
+        """The number of requests in the step."""
         return len(self.allocated)
 
 
@@ -296,7 +107,7 @@ class _Request:
     """One tracked request."""
 
     tokens: list[int]
-    extras: _Extras
+    extras: RequestExtras
     block_hashes: list[bytes]
     lora_id: int | None
     blocks: list[int] = field(default_factory=list)  # the block table
@@ -330,21 +141,14 @@ class KVCacheManager:
         Defaults: caching on, ``sha256_cbor``, seed ``"vllm-none-hash"``, events off, no
         ``max_model_len``, statistics window of 1000 lookups.
         """
-        num_blocks = _int_arg(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
-        block_size = _int_arg(block_size, "block_size", 1, MAX_BLOCK_SIZE)
-        caching = _opt_bool_arg(enable_caching, "enable_caching", True)
-        algo = DEFAULT_HASH_ALGO if hash_algo is None else hash_algo
-        if not isinstance(algo, str):
-            raise DtypeError(f"hash_algo must be a str, got {type(algo).__name__}")
-        if algo not in DIGEST_SIZES:
-            raise InvalidArgumentError(
-                f"unknown hash_algo {algo!r}: expected one of sha256, sha256_cbor, xxhash, xxhash_cbor"
-            )
-        if seed is not None and not isinstance(seed, str):
-            raise DtypeError(f"seed must be a str, got {type(seed).__name__}")
-        events = _opt_bool_arg(enable_events, "enable_events", False)
-        max_len = _opt_int_arg(max_model_len, "max_model_len", 1, I64_MAX)
-        window = _opt_int_arg(stats_window, "stats_window", 0, MAX_STATS_WINDOW)
+        num_blocks = as_int_arg(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
+        block_size = as_int_arg(block_size, "block_size", 1, MAX_BLOCK_SIZE)
+        caching = as_bool_arg(enable_caching, "enable_caching", True)
+        algo = check_hash_algo(hash_algo)
+        seed = as_opt_str_arg(seed, "seed")
+        events = as_bool_arg(enable_events, "enable_events", False)
+        max_len = as_opt_int_arg(max_model_len, "max_model_len", 1, I64_MAX)
+        window = as_opt_int_arg(stats_window, "stats_window", 0, MAX_STATS_WINDOW)
 
         self.pool = BlockPool(
             num_blocks,
@@ -352,11 +156,11 @@ class KVCacheManager:
             null_block=True,
             enable_events=events,
             block_size=block_size,
-            hash_width=DIGEST_SIZES[algo],
+            hash_width=DIGEST_LEN[algo],
         )
         self._block_size = block_size
         self._hash_algo = algo
-        self._hash = _make_hash_fn(block_size, algo, DEFAULT_SEED if seed is None else seed)
+        self._hasher = BlockHasher(block_size, hash_algo=algo, seed=seed)
         self._max_model_len = max_len  # None: no cap
         self._requests: dict[RequestId, _Request] = {}
         self._stats = PrefixCacheStats(0, 0, 0, 0)
@@ -386,6 +190,7 @@ class KVCacheManager:
         return self._hash_algo
 
     def __repr__(self) -> str:
+        """A summary: blocks, block size, requests and free blocks."""
         return (
             f"reference.KVCacheManager(num_blocks={self.num_blocks}, block_size={self._block_size}, "
             f"requests={len(self._requests)}, free={self.pool.get_num_free_blocks()})"
@@ -394,6 +199,7 @@ class KVCacheManager:
     # -- requests -----------------------------------------------------------------------------
 
     def _get(self, request_id: RequestId) -> _Request:
+        """The tracked request (``UnknownRequestError`` if there is none)."""
         try:
             return self._requests[request_id]
         except KeyError:
@@ -417,10 +223,10 @@ class KVCacheManager:
         arguments, ``DuplicateRequestError`` for a tracked id, ``InvalidArgumentError`` for an
         empty prompt.
         """
-        rid = _request_id(request_id)
-        extras = _extras(lora, cache_salt, mm_features, prompt_embed_digests)
-        lora_int = _opt_int_arg(lora_id, "lora_id", I64_MIN, I64_MAX)
-        tokens = _i64_list(prompt_token_ids, "prompt_token_ids")
+        rid = as_request_id(request_id)
+        extras = as_request_extras(lora, cache_salt, mm_features, prompt_embed_digests)
+        lora_int = as_opt_int_arg(lora_id, "lora_id")
+        tokens = as_int_list(prompt_token_ids, "prompt_token_ids")
         if rid in self._requests:
             raise DuplicateRequestError(f"request id {rid!r} is already tracked")
         if not tokens:
@@ -434,51 +240,53 @@ class KVCacheManager:
 
     def append_token_ids(self, request_id: RequestId, token_ids: Any) -> None:
         """Append generated (or newly known) tokens; the blocks they fill get hashed."""
-        rid = _request_id(request_id)
-        tokens = _i64_list(token_ids, "token_ids")
+        rid = as_request_id(request_id)
+        tokens = as_int_list(token_ids, "token_ids")
         self._append(self._get(rid), tokens)
 
     def append_token_ids_many(self, request_ids: Sequence[RequestId], token_ids: Any, offsets: Any = None) -> None:
         """Segment ``i`` of ``token_ids`` (cut by ``offsets``; one token each when None) goes to
         ``request_ids[i]``. All ids are checked before anything is appended."""
-        rids = _request_ids(request_ids)
-        tokens, cuts = _segments(token_ids, offsets, len(rids))
+        rids = as_request_ids(request_ids)
+        tokens, cuts = as_segments(token_ids, offsets, len(rids))
         requests = [self._get(rid) for rid in rids]
         for request, start, end in zip(requests, cuts, cuts[1:]):
             self._append(request, tokens[start:end])
 
     def _append(self, request: _Request, tokens: list[int]) -> None:
+        """Append validated tokens to the request and rehash its full blocks."""
         request.tokens.extend(tokens)
         # Hashes are chained and cover full blocks only, so rehashing keeps the old ones as a prefix.
         request.block_hashes = self._block_hashes(request.tokens, request.extras)
 
-    def _block_hashes(self, tokens: list[int], extras: _Extras) -> list[bytes]:
+    def _block_hashes(self, tokens: list[int], extras: RequestExtras) -> list[bytes]:
         """The hashes of the full blocks of ``tokens``; none without prefix caching (as vLLM,
         which has no block hasher then: nothing would read them)."""
-        if not self.pool.enable_caching:
-            return []
-        return self._hash(tokens, **extras.as_kwargs())
+        hashes: list[bytes] = []
+        if self.pool.enable_caching:
+            self._hasher.update_chain(hashes, tokens, extras)
+        return hashes
 
     def get_block_ids(self, request_id: RequestId) -> npt.NDArray[np.int32]:
         """The request's block table (int32)."""
-        return np.array(self._get(_request_id(request_id)).blocks, dtype=np.int32)
+        return np.array(self._get(as_request_id(request_id)).blocks, dtype=np.int32)
 
     def get_block_hashes(self, request_id: RequestId) -> list[bytes]:
         """The request's block hashes (full blocks; none without prefix caching)."""
-        return list(self._get(_request_id(request_id)).block_hashes)
+        return list(self._get(as_request_id(request_id)).block_hashes)
 
     def get_num_tokens(self, request_id: RequestId) -> int:
         """The request's number of tokens so far."""
-        return len(self._get(_request_id(request_id)).tokens)
+        return len(self._get(as_request_id(request_id)).tokens)
 
     def get_num_computed_tokens(self, request_id: RequestId) -> int:
         """Tokens counted as computed (advanced by each allocation, reset by preemption)."""
-        return self._get(_request_id(request_id)).num_computed_tokens
+        return self._get(as_request_id(request_id)).num_computed_tokens
 
     def set_num_computed_tokens(self, request_id: RequestId, num_computed_tokens: int) -> None:
         """Set the computed tokens (e.g. after rejected speculative tokens); at most the slots held."""
-        rid = _request_id(request_id)
-        n = _int_arg(num_computed_tokens, "num_computed_tokens", 0, I64_MAX)
+        rid = as_request_id(request_id)
+        n = as_int_arg(num_computed_tokens, "num_computed_tokens", 0, I64_MAX)
         request = self._get(rid)
         slots = len(request.blocks) * self._block_size
         if n > slots:
@@ -492,9 +300,11 @@ class KVCacheManager:
         return (*ints, *strs)
 
     def __contains__(self, request_id: object) -> bool:
-        return _request_id(request_id) in self._requests
+        """Whether ``request_id`` is tracked (``DtypeError`` if it cannot be a request id)."""
+        return as_request_id(request_id) in self._requests
 
     def __len__(self) -> int:
+        """Number of tracked requests."""
         return len(self._requests)
 
     # -- prefix hits --------------------------------------------------------------------------
@@ -504,11 +314,12 @@ class KVCacheManager:
 
         Changes nothing; the statistics count the request when it is admitted.
         """
-        request = self._get(_request_id(request_id))
+        request = self._get(as_request_id(request_id))
         hit = self._lookup(request)
         return np.array(hit, dtype=np.int32), len(hit) * self._block_size
 
     def _lookup(self, request: _Request) -> list[int]:
+        """The request's longest prefix-cache hit, capped below its last token (block ids)."""
         if not self.pool.enable_caching:
             return []
         max_blocks = (len(request.tokens) - 1) // self._block_size
@@ -568,11 +379,11 @@ class KVCacheManager:
 
         Returns the new block ids (int32), or ``None`` (nothing changed) when the pool is short.
         """
-        rid = _request_id(request_id)
-        num_new = _int_arg(num_new_tokens, "num_new_tokens", 0, I64_MAX)
-        num_hit = _opt_int_arg(num_new_computed_tokens, "num_new_computed_tokens", 0, I64_MAX) or 0
-        lookahead = _opt_int_arg(num_lookahead_tokens, "num_lookahead_tokens", 0, I64_MAX) or 0
-        hits = [] if new_computed_blocks is None else _block_ids(new_computed_blocks, self.num_blocks)
+        rid = as_request_id(request_id)
+        num_new = as_int_arg(num_new_tokens, "num_new_tokens", 0, I64_MAX)
+        num_hit = as_opt_int_arg(num_new_computed_tokens, "num_new_computed_tokens", 0, I64_MAX) or 0
+        lookahead = as_opt_int_arg(num_lookahead_tokens, "num_lookahead_tokens", 0, I64_MAX) or 0
+        hits = [] if new_computed_blocks is None else as_block_ids(new_computed_blocks, self.num_blocks)
         new_blocks = self._allocate(self._get(rid), num_new, num_hit, hits, lookahead)
         return None if new_blocks is None else np.array(new_blocks, dtype=np.int32)
 
@@ -662,13 +473,13 @@ class KVCacheManager:
         and, with ``stop_at_first_failure``, ends the step. Unknown ids fail the whole call
         before anything changes.
         """
-        rids = _request_ids(request_ids)
-        stop = _opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", False)
-        budgets = _per_request(num_new_tokens, "num_new_tokens", len(rids))
+        rids = as_request_ids(request_ids)
+        stop = as_bool_arg(stop_at_first_failure, "stop_at_first_failure", False)
+        budgets = as_per_request(num_new_tokens, "num_new_tokens", len(rids))
         lookaheads = (
             [0] * len(rids)
             if num_lookahead_tokens is None
-            else _per_request(num_lookahead_tokens, "num_lookahead_tokens", len(rids))
+            else as_per_request(num_lookahead_tokens, "num_lookahead_tokens", len(rids))
         )
         requests = [self._get(rid) for rid in rids]
 
@@ -712,13 +523,13 @@ class KVCacheManager:
 
     def free(self, request_id: RequestId) -> None:
         """Free a finished request's blocks (tail first) and forget it."""
-        rid = _request_id(request_id)
+        rid = as_request_id(request_id)
         self._release(self._get(rid))
         del self._requests[rid]
 
     def free_many(self, request_ids: Sequence[RequestId]) -> None:
         """Free several requests in order; all must be known and distinct (checked first)."""
-        rids = _request_ids(request_ids)
+        rids = as_request_ids(request_ids)
         for rid in rids:
             self._get(rid)
         seen: set[RequestId] = set()
@@ -732,13 +543,14 @@ class KVCacheManager:
     def preempt(self, request_id: RequestId) -> None:
         """Free the request's blocks (tail first); it keeps its tokens and restarts from zero
         computed tokens (its next lookup counts as a preempted request's)."""
-        request = self._get(_request_id(request_id))
+        request = self._get(as_request_id(request_id))
         self._release(request)
         request.num_computed_tokens = 0
         request.num_cached_blocks = 0
         request.num_preemptions += 1
 
     def _release(self, request: _Request) -> None:
+        """Free the request's blocks, tail first, and empty its block table."""
         blocks, request.blocks = request.blocks, []
         self.pool.free_blocks(blocks[::-1])
 

@@ -35,14 +35,25 @@ from kvpool._errors import (
     BlockStateError,
     CachingDisabledError,
     DoubleFreeError,
-    DtypeError,
     HashWidthError,
     InvalidArgumentError,
-    InvalidBlockIdError,
     InvariantError,
     NoFreeBlocksError,
 )
 from kvpool.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
+from kvpool.reference._args import (
+    as_bool_arg,
+    as_hash,
+    as_hash_list,
+    as_int_arg,
+    as_int_list,
+    as_opt_int_arg,
+    as_opt_str_arg,
+    as_sequence,
+    check_block_ids,
+    check_offsets,
+    check_range,
+)
 
 __all__ = ["BlockPool", "FreeQueue"]
 
@@ -53,74 +64,6 @@ MAX_GROUP_ID = 2**32 - 1
 NULL_BLOCK_ID = 0
 
 HashKey = tuple[bytes, int]  # (block hash, KV-cache group id)
-
-
-# --------------------------------------------------------------------------------------------
-# Argument conversion. Each helper either returns plain Python values or raises the kvpool
-# exception the contract names; none of them looks at the pool's state.
-# --------------------------------------------------------------------------------------------
-
-_NOT_A_SEQUENCE = (str, bytes, bytearray, memoryview)
-
-
-def _as_int(value: Any, name: str) -> int:
-    """A Python ``int`` (bools included) or numpy integer, as ``int``; else ``DtypeError``."""
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    raise DtypeError(f"{name} must be an int, not {type(value).__name__}")
-
-
-def _as_optional_int(value: Any, name: str) -> int | None:
-    return None if value is None else _as_int(value, name)
-
-
-def _as_bool(value: Any, name: str, default: bool = False) -> bool:
-    """A ``bool`` or numpy bool, as ``bool``; ``None`` gives ``default``; else ``DtypeError``."""
-    if value is None:
-        return default
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise DtypeError(f"{name} must be a bool, not {type(value).__name__}")
-
-
-def _as_int_list(values: Any, name: str) -> list[int]:
-    """A 1-D numpy integer array or a sequence of ints, as a list of ``int``.
-
-    Anything else (a float/bool/object array, a 2-D array, a string, a scalar, a non-int
-    element) raises ``DtypeError``. Values are not range-checked here.
-    """
-    if isinstance(values, np.ndarray):
-        if values.ndim != 1:
-            raise DtypeError(f"{name} must be 1-D, got a {values.ndim}-D array")
-        if values.dtype.kind not in "iu":
-            raise DtypeError(f"{name} must have an integer dtype, not {values.dtype}")
-        return [int(v) for v in values.tolist()]
-    if isinstance(values, _NOT_A_SEQUENCE) or not isinstance(values, Sequence):
-        raise DtypeError(f"{name} must be a sequence of ints, not {type(values).__name__}")
-    out = []
-    for v in values:
-        if not isinstance(v, (int, np.integer)):
-            raise DtypeError(f"{name} must contain ints only, found {type(v).__name__}")
-        out.append(int(v))
-    return out
-
-
-def _as_hash(value: Any, name: str) -> bytes:
-    if not isinstance(value, bytes):
-        raise DtypeError(f"{name} must be bytes, not {type(value).__name__}")
-    return bytes(value)
-
-
-def _as_hash_list(values: Any, name: str) -> list[bytes]:
-    """A sequence of ``bytes``, as a list; else ``DtypeError``. Widths are not checked here."""
-    if isinstance(values, _NOT_A_SEQUENCE) or not isinstance(values, Sequence):
-        raise DtypeError(f"{name} must be a sequence of bytes, not {type(values).__name__}")
-    return [_as_hash(v, name) for v in values]
-
-
-def _check_group_id(group_id: int) -> None:
-    if not 0 <= group_id <= MAX_GROUP_ID:
-        raise InvalidArgumentError(f"group_id must be in 0..={MAX_GROUP_ID}, got {group_id}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,14 +205,13 @@ class BlockPool:
         unless ``1 <= num_blocks <= 2**31 - 1``, ``block_size >= 1`` and ``hash_width`` is
         ``None`` or in ``1..=32``.
         """
-        num_blocks = _as_int(num_blocks, "num_blocks")
-        enable_caching = _as_bool(enable_caching, "enable_caching", True)
-        null_block = _as_bool(null_block, "null_block", True)
-        enable_events = _as_bool(enable_events, "enable_events", False)
-        block_size = _as_int(block_size, "block_size")
-        hash_width = _as_optional_int(hash_width, "hash_width")
-        if not 1 <= num_blocks <= MAX_NUM_BLOCKS:
-            raise InvalidArgumentError(f"num_blocks must be in 1..={MAX_NUM_BLOCKS}, got {num_blocks}")
+        num_blocks = as_int_arg(num_blocks, "num_blocks")
+        enable_caching = as_bool_arg(enable_caching, "enable_caching", True)
+        null_block = as_bool_arg(null_block, "null_block", True)
+        enable_events = as_bool_arg(enable_events, "enable_events", False)
+        block_size = as_int_arg(block_size, "block_size")
+        hash_width = as_opt_int_arg(hash_width, "hash_width")
+        check_range(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
         if block_size < 1:
             raise InvalidArgumentError(f"block_size must be >= 1, got {block_size}")
         if hash_width is not None and not 1 <= hash_width <= MAX_HASH_WIDTH:
@@ -323,6 +265,7 @@ class BlockPool:
         return self._hash_width
 
     def __repr__(self) -> str:
+        """A summary: blocks, free and cached counts, caching and null block."""
         return (
             f"reference.BlockPool(num_blocks={self._num_blocks}, free={len(self._free_queue)}, "
             f"cached={self._num_cached}, enable_caching={self._enable_caching}, "
@@ -332,15 +275,16 @@ class BlockPool:
     # -- validation helpers that need the pool ------------------------------------------------
 
     def _is_null(self, block_id: int) -> bool:
+        """Whether ``block_id`` is the null block."""
         return block_id == self._null_block
 
     def _check_ids_in_range(self, block_ids: Iterable[int]) -> None:
-        for block_id in block_ids:
-            if not 0 <= block_id < self._num_blocks:
-                raise InvalidBlockIdError(f"block id {block_id} is out of range 0..{self._num_blocks}")
+        """``InvalidBlockIdError`` for the first id outside ``0..num_blocks``."""
+        check_block_ids(block_ids, self._num_blocks)
 
     def _as_block_id(self, value: Any, name: str = "block_id") -> int:
-        block_id = _as_int(value, name)
+        """One block id, in range."""
+        block_id = as_int_arg(value, name)
         self._check_ids_in_range([block_id])
         return block_id
 
@@ -368,6 +312,7 @@ class BlockPool:
     # -- mutation helpers (no validation: callers validate first) -----------------------------
 
     def _emit(self, event: Any) -> None:
+        """Queue a KV event, if events are on."""
         if self._enable_events:
             self._events.append(event)
 
@@ -385,6 +330,7 @@ class BlockPool:
         self._emit(BlockRemoved(block_hashes=[block_hash], medium=MEDIUM_GPU, group_idx=group_id))
 
     def _allocate(self, n: int) -> list[int]:
+        """Pop ``n`` blocks off the free queue (evicting their hashes) with count 1 each."""
         new_ids = []
         for _ in range(n):
             block_id = self._free_queue.popleft()
@@ -395,6 +341,8 @@ class BlockPool:
         return new_ids
 
     def _free_segment(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference to each block; those reaching 0 join the free queue (uncached
+        ones at the head as a group, cached ones at the tail)."""
         to_head: list[int] = []
         to_tail: list[int] = []
         for block_id in block_ids:
@@ -417,7 +365,7 @@ class BlockPool:
         Raises ``InvalidArgumentError`` if ``num_blocks < 0`` and ``NoFreeBlocksError`` if fewer
         blocks are free (nothing is allocated then).
         """
-        n = _as_int(num_blocks, "num_blocks")
+        n = as_int_arg(num_blocks, "num_blocks")
         if n < 0:
             raise InvalidArgumentError(f"num_blocks must be >= 0, got {n}")
         if n > len(self._free_queue):
@@ -432,7 +380,7 @@ class BlockPool:
         All or nothing: a negative count (``InvalidArgumentError``) or a total above the free
         count (``NoFreeBlocksError``) allocates nothing.
         """
-        counts_list = _as_int_list(counts, "counts")
+        counts_list = as_int_list(counts, "counts")
         for c in counts_list:
             if c < 0:
                 raise InvalidArgumentError(f"counts must be >= 0, got {c}")
@@ -457,7 +405,7 @@ class BlockPool:
         ``InvalidBlockIdError`` for an id out of range and ``DoubleFreeError`` if a count would
         go below 0 (duplicates in the call counted); nothing changes then.
         """
-        ids = _as_int_list(block_ids, "block_ids")
+        ids = as_int_list(block_ids, "block_ids")
         self._check_ids_in_range(ids)
         self._check_can_free([ids])
         self._free_segment(ids)
@@ -477,25 +425,18 @@ class BlockPool:
         ``InvalidArgumentError``). With ``reverse=True`` each segment is freed back to front.
         A bad id or a double free in any segment (counted across segments) changes nothing.
         """
-        reverse = _as_bool(reverse, "reverse")
+        reverse = as_bool_arg(reverse, "reverse", False)
         segments: list[list[int]]
         if offsets is None:
             if isinstance(blocks, np.ndarray) and blocks.ndim == 2:
                 rows: Sequence[Any] = list(blocks)
-            elif isinstance(blocks, _NOT_A_SEQUENCE) or not isinstance(blocks, Sequence):
-                raise DtypeError(f"blocks must be a sequence of id sequences, not {type(blocks).__name__}")
             else:
-                rows = blocks
-            segments = [_as_int_list(row, "blocks[i]") for row in rows]
+                rows = as_sequence(blocks, f"blocks must be a sequence of id sequences, got {type(blocks).__name__}")
+            segments = [as_int_list(row, "blocks[i]") for row in rows]
         else:
-            flat = _as_int_list(blocks, "blocks")
-            cuts = _as_int_list(offsets, "offsets")
-            if not cuts or cuts[0] != 0 or cuts[-1] != len(flat):
-                raise InvalidArgumentError(
-                    f"offsets must start at 0 and end at len(blocks) = {len(flat)}, got {cuts[:1]}...{cuts[-1:]}"
-                )
-            if any(a > b for a, b in zip(cuts, cuts[1:])):
-                raise InvalidArgumentError("offsets must be non-decreasing")
+            flat = as_int_list(blocks, "blocks")
+            cuts = as_int_list(offsets, "offsets")
+            check_offsets(cuts, len(flat))
             segments = [flat[a:b] for a, b in zip(cuts, cuts[1:])]
         if reverse:
             segments = [segment[::-1] for segment in segments]
@@ -514,7 +455,7 @@ class BlockPool:
         reference each; the null block is skipped. Raises ``InvalidBlockIdError`` for an id out
         of range (nothing changes then).
         """
-        ids = _as_int_list(block_ids, "block_ids")
+        ids = as_int_list(block_ids, "block_ids")
         self._check_ids_in_range(ids)
         for block_id in ids:
             if self._is_null(block_id):
@@ -552,15 +493,14 @@ class BlockPool:
         """
         if not self._enable_caching:
             raise CachingDisabledError("cache_full_blocks called on a pool with enable_caching=False")
-        ids = _as_int_list(block_ids, "block_ids")
-        hashes = _as_hash_list(block_hashes, "block_hashes")
-        num_cached = _as_int(num_cached_blocks, "num_cached_blocks")
-        num_full = _as_int(num_full_blocks, "num_full_blocks")
-        group = _as_int(group_id, "group_id")
-        tokens = None if token_ids is None else _as_int_list(token_ids, "token_ids")
-        lora = _as_optional_int(lora_id, "lora_id")
-        if lora_name is not None and not isinstance(lora_name, str):
-            raise DtypeError(f"lora_name must be a str or None, not {type(lora_name).__name__}")
+        ids = as_int_list(block_ids, "block_ids")
+        hashes = as_hash_list(block_hashes, "block_hashes")
+        num_cached = as_int_arg(num_cached_blocks, "num_cached_blocks")
+        num_full = as_int_arg(num_full_blocks, "num_full_blocks")
+        group = as_int_arg(group_id, "group_id")
+        tokens = None if token_ids is None else as_int_list(token_ids, "token_ids")
+        lora = as_opt_int_arg(lora_id, "lora_id")
+        name = as_opt_str_arg(lora_name, "lora_name")
 
         if not 0 <= num_cached <= num_full:
             raise InvalidArgumentError(
@@ -570,7 +510,7 @@ class BlockPool:
             raise InvalidArgumentError(f"num_full_blocks={num_full} but only {len(ids)} block ids")
         if num_full > len(hashes):
             raise InvalidArgumentError(f"num_full_blocks={num_full} but only {len(hashes)} block hashes")
-        _check_group_id(group)
+        check_range(group, "group_id", 0, MAX_GROUP_ID)
         self._check_ids_in_range(ids)
         self._check_hash_widths(hashes)
         if self._hash_width is None and hashes:
@@ -618,7 +558,7 @@ class BlockPool:
                 block_size=bs,
                 lora_id=lora,
                 medium=MEDIUM_GPU,
-                lora_name=lora_name,
+                lora_name=name,
                 group_idx=group,
             )
         )
@@ -629,9 +569,9 @@ class BlockPool:
         Raises ``DtypeError`` unless ``block_hash`` is bytes, ``InvalidArgumentError`` for a
         group id outside ``0..2**32`` and ``HashWidthError`` for a bad width. Changes nothing.
         """
-        h = _as_hash(block_hash, "block_hash")
-        group = _as_int(group_id, "group_id")
-        _check_group_id(group)
+        h = as_hash(block_hash, "block_hash")
+        group = as_int_arg(group_id, "group_id")
+        check_range(group, "group_id", 0, MAX_GROUP_ID)
         self._check_hash_widths([h])
         entry = self._prefix_map.get((h, group))
         if not entry:
@@ -651,10 +591,10 @@ class BlockPool:
         is width-checked (``HashWidthError``); ``max_blocks`` must be ``None`` or ``>= 0``
         (``InvalidArgumentError``). Changes nothing, reference counts included.
         """
-        hashes = _as_hash_list(block_hashes, "block_hashes")
-        group = _as_int(group_id, "group_id")
-        limit = _as_optional_int(max_blocks, "max_blocks")
-        _check_group_id(group)
+        hashes = as_hash_list(block_hashes, "block_hashes")
+        group = as_int_arg(group_id, "group_id")
+        limit = as_opt_int_arg(max_blocks, "max_blocks")
+        check_range(group, "group_id", 0, MAX_GROUP_ID)
         if limit is not None and limit < 0:
             raise InvalidArgumentError(f"max_blocks must be None or >= 0, got {limit}")
         self._check_hash_widths(hashes)
@@ -673,7 +613,7 @@ class BlockPool:
         without a hash and the null block are ignored. Raises ``InvalidBlockIdError`` for an id
         out of range (nothing changes then).
         """
-        ids = _as_int_list(block_ids, "block_ids")
+        ids = as_int_list(block_ids, "block_ids")
         self._check_ids_in_range(ids)
         for block_id in ids:
             if self._is_null(block_id):

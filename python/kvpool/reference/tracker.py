@@ -42,7 +42,6 @@ Example::
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,79 +49,32 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kvpool._errors import DtypeError, InvalidArgumentError
-from kvpool.reference.hashing import (
-    BlockHasher,
+from kvpool._errors import DtypeError, DuplicateRequestError, UnknownRequestError
+from kvpool.reference._args import (
     RequestExtras,
+    RequestId,
     as_request_extras,
+    as_request_id,
+    as_request_ids,
+    as_segments,
     as_token_ids,
 )
-
-from kvpool._errors import DuplicateRequestError, UnknownRequestError
+from kvpool.reference.hashing import BlockHasher
 
 __all__ = ["ComputedBlocksTracker", "PrefixCache", "RequestId"]
 
-RequestId = str | int
 IntArray = npt.NDArray[np.int64]
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class PrefixCache(Protocol):
     """What the tracker reads of a pool: both ``BlockPool`` classes fit."""
 
     @property
-    def enable_caching(self) -> bool: ...
+    def enable_caching(self) -> bool:
+        """Whether the pool's prefix cache is on."""
 
-    def find_longest_cache_hit(self, block_hashes: Any, *, group_id: Any = ..., max_blocks: Any = ...) -> Any: ...
-
-
-# --------------------------------------------------------------------------------------------
-# Argument conversion, mirroring the Rust binding (src/bindings/requests.rs, tracker.rs).
-# --------------------------------------------------------------------------------------------
-
-
-def as_request_id(value: Any) -> RequestId:
-    """A request id: a ``str``, or an int in int64 (not a bool); ``str`` and int ids are distinct.
-
-    ``DtypeError`` for another type, ``InvalidArgumentError`` for an int outside int64.
-    """
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, (bool, np.bool_, float)):
-        raise DtypeError(f"a request id must be a str or an int, got {type(value).__name__}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise DtypeError(f"a request id must be a str or an int, got {type(value).__name__}") from None
-    if not INT64_MIN <= v <= INT64_MAX:
-        raise InvalidArgumentError(f"an int request id must fit in int64, got {v}")
-    return v
-
-
-def as_request_ids(values: Any) -> list[RequestId]:
-    """Request ids from an iterable (not a single ``str``); ``DtypeError`` otherwise."""
-    if isinstance(values, str):
-        raise DtypeError("request ids must be a sequence of ids, not one str")
-    try:
-        items = iter(values)
-    except TypeError:
-        raise DtypeError(f"request ids must be a sequence, got {type(values).__name__}") from None
-    return [as_request_id(item) for item in items]
-
-
-def _segments(token_ids: Any, offsets: Any, n: int) -> tuple[list[int], list[int]]:
-    """``token_ids`` cut into ``n`` segments by ``offsets`` (one token each when ``None``)."""
-    tokens = as_token_ids(token_ids)
-    cuts = list(range(len(tokens) + 1)) if offsets is None else as_token_ids(offsets, "offsets")
-    if len(cuts) != n + 1:
-        raise InvalidArgumentError(f"{max(len(cuts) - 1, 0)} segments of token ids for {n} ids")
-    ok = cuts[0] == 0 and cuts[-1] == len(tokens) and all(a <= b for a, b in zip(cuts, cuts[1:]))
-    if not ok:
-        raise InvalidArgumentError(
-            f"offsets must start at 0, never decrease and end at {len(tokens)} (the number of ids)"
-        )
-    return tokens, cuts
+    def find_longest_cache_hit(self, block_hashes: Any, *, group_id: Any = ..., max_blocks: Any = ...) -> Any:
+        """The cached blocks of the longest cached prefix of ``block_hashes[:max_blocks]``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,15 +137,18 @@ class ComputedBlocksTracker:
         return as_request_id(seq_id) in self._seqs
 
     def __repr__(self) -> str:
+        """A summary: block size and number of sequences."""
         return f"reference.ComputedBlocksTracker(block_size={self.block_size}, sequences={len(self._seqs)})"
 
     def _get(self, seq_id: RequestId) -> TrackedSequence:
+        """The tracked sequence (``UnknownRequestError`` if there is none)."""
         try:
             return self._seqs[seq_id]
         except KeyError:
             raise UnknownRequestError(f"unknown request id {seq_id!r}") from None
 
     def _check_known(self, ids: Sequence[RequestId]) -> None:
+        """``UnknownRequestError`` for the first id not tracked."""
         for seq_id in ids:
             self._get(seq_id)
 
@@ -237,7 +192,7 @@ class ComputedBlocksTracker:
         """Append segment ``i`` of ``token_ids`` (cut by ``offsets``, or one token each when
         ``offsets`` is None) to ``seq_ids[i]``. Every argument and id is checked first."""
         ids = as_request_ids(seq_ids)
-        tokens, cuts = _segments(token_ids, offsets, len(ids))
+        tokens, cuts = as_segments(token_ids, offsets, len(ids))
         self._check_known(ids)
         for seq_id, a, b in zip(ids, cuts, cuts[1:]):
             seq = self._seqs[seq_id]
@@ -256,6 +211,7 @@ class ComputedBlocksTracker:
         return len(hits) * self.block_size
 
     def _num_computed(self, seq: TrackedSequence) -> int:
+        """The fixed count of a started sequence, else a fresh lookup."""
         return seq.started_with if seq.started_with is not None else self._lookup(seq)
 
     def get_num_cached_tokens(self, seq_id: RequestId) -> int:
