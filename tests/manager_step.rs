@@ -1,7 +1,9 @@
 //! The core manager without Python: scheduler scenarios, and a property test that
 //! `schedule_step` gives exactly what the one-by-one calls give.
 
-use kvpool::pool::{KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepOutcome, StepRequest};
+use kvpool::pool::{
+    KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepOutcome, StepRequest,
+};
 use proptest::prelude::*;
 
 fn manager(num_blocks: u32, block_size: u32, caching: bool) -> KVCacheManager {
@@ -12,12 +14,23 @@ fn manager(num_blocks: u32, block_size: u32, caching: bool) -> KVCacheManager {
 
 fn add(m: &mut KVCacheManager, id: i64, tokens: &[i64]) -> RequestId {
     let id = RequestId::Int(id);
-    m.add_request(id.clone(), tokens, SequenceExtras::default(), LoraInfo::default()).unwrap();
+    m.add_request(
+        id.clone(),
+        tokens,
+        SequenceExtras::default(),
+        LoraInfo::default(),
+    )
+    .unwrap();
     id
 }
 
 /// What a scheduler does for one request, one call at a time.
-fn one_by_one(m: &mut KVCacheManager, id: &RequestId, budget: usize, out: &mut Vec<u32>) -> (bool, usize, usize) {
+fn one_by_one(
+    m: &mut KVCacheManager,
+    id: &RequestId,
+    budget: usize,
+    out: &mut Vec<u32>,
+) -> (bool, usize, usize) {
     let mut hits = Vec::new();
     let (mut num_new, mut hit) = (budget, 0);
     if m.block_ids(id).unwrap().is_empty() && m.num_computed_tokens(id).unwrap() == 0 {

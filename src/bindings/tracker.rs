@@ -133,13 +133,7 @@ impl PyComputedBlocksTracker {
         let ids = request_ids(seq_ids)?;
         let (tokens, cuts) = segments(py, token_ids, offsets, ids.len())?;
         let mut tracker = self.tracker();
-        if let Some(missing) = ids.iter().find(|id| !tracker.contains(id)) {
-            return Err(error(
-                py,
-                ErrorKind::UnknownRequest,
-                format!("unknown request id {missing}"),
-            ));
-        }
+        tracker.check_known(&ids).py_err(py)?;
         for (id, w) in ids.iter().zip(cuts.windows(2)) {
             tracker.append_tokens(id, &tokens[w[0]..w[1]]).py_err(py)?;
         }
@@ -189,13 +183,7 @@ impl PyComputedBlocksTracker {
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let ids = request_ids(seq_ids)?;
         let mut tracker = self.tracker();
-        if let Some(missing) = ids.iter().find(|id| !tracker.contains(id)) {
-            return Err(error(
-                py,
-                ErrorKind::UnknownRequest,
-                format!("unknown request id {missing}"),
-            ));
-        }
+        tracker.check_known(&ids).py_err(py)?;
         let pool = self.pool.get().pool();
         let counts = ids
             .iter()

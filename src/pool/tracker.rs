@@ -294,6 +294,14 @@ impl ComputedBlocksTracker {
         self.seqs.contains_key(id)
     }
 
+    /// Fails on the first id that is not tracked (batched calls check all ids first).
+    pub fn check_known(&self, ids: &[RequestId]) -> PoolResult<()> {
+        match ids.iter().find(|id| !self.seqs.contains_key(*id)) {
+            Some(id) => Err(PoolError::UnknownRequest(id.to_string())),
+            None => Ok(()),
+        }
+    }
+
     /// A tracked sequence.
     pub fn get(&self, id: &RequestId) -> PoolResult<&Sequence> {
         self.seqs
