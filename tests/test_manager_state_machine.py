@@ -29,6 +29,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
+from differential import Outcome, agree, as_form, normalize
+
 import kvpool.reference
 
 ReferenceManager = kvpool.reference.KVCacheManager
@@ -46,49 +48,6 @@ UNKNOWN: list[Any] = ["zz", 99]
 BAD_IDS: list[Any] = [1.5, True, None, b"a"]
 BASE = [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0]  # shared prefixes come from here
 ID_FORMS = ["list", "tuple", "int32", "int64", "uint8"]
-
-
-def as_form(values: list[int], form: str) -> Any:
-    """``values`` in an ids-like form (numpy forms only where the values fit)."""
-    if form == "tuple":
-        return tuple(values)
-    if form in ("int32", "int64") and all(-(2**31) <= v < 2**31 for v in values):
-        return np.array(values, dtype=form)
-    if form == "uint8" and all(0 <= v < 256 for v in values):
-        return np.array(values, dtype=np.uint8)
-    return list(values)
-
-
-def normalize(value: Any) -> Any:
-    """A comparable form of a return value; numpy arrays keep their dtype."""
-    if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.shape, value.tolist())
-    if hasattr(value, "allocated") and hasattr(value, "offsets"):  # a StepResult
-        fields = ("block_ids", "offsets", "num_scheduled_tokens", "num_hit_tokens", "allocated")
-        return ("StepResult", len(value), tuple(normalize(getattr(value, f)) for f in fields))
-    if hasattr(value, "to_list"):  # a BlockHashList
-        return list(value.to_list())
-    if isinstance(value, (tuple, list)):
-        return type(value)(normalize(v) for v in value)
-    return value
-
-
-class Outcome:
-    """What one call did on one manager: a value or an exception."""
-
-    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value = value
-        self.error = error
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def key(self) -> Any:
-        return ("ok", normalize(self.value)) if self.ok else ("raised", type(self.error))
-
-    def __repr__(self) -> str:
-        return f"returned {self.value!r}" if self.ok else f"raised {type(self.error).__name__}: {self.error}"
 
 
 def observe(m: Any) -> dict[str, Any]:
@@ -129,17 +88,7 @@ class ManagerComparison(RuleBasedStateMachine):
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Outcome:
         """Call ``method`` on both managers, check they agree, return the oracle's outcome."""
-        outcomes = []
-        for m in (self.subject, self.oracle):
-            try:
-                outcomes.append(Outcome(value=getattr(m, method)(*args, **kwargs)))
-            except Exception as e:  # noqa: BLE001  (any mismatch is reported below)
-                outcomes.append(Outcome(error=e))
-        subject, oracle = outcomes
-        assert subject.key() == oracle.key(), (
-            f"{method}(args={args!r}, kwargs={kwargs!r}): subject {subject!r}, reference {oracle!r}"
-        )
-        return oracle
+        return agree(self.subject, self.oracle, method, *args, **kwargs)
 
     def known(self) -> list[Any]:
         return list(self.oracle.request_ids())

@@ -23,6 +23,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
+from differential import Outcome, agree, as_form, normalize
+
 from kvpool._errors import (
     BlockStateError,
     CachingDisabledError,
@@ -49,28 +51,6 @@ hashes_st = st.sampled_from(ALPHABET)
 ID_FORMS = ["list", "tuple", "int32", "int64", "uint16"]
 
 
-def as_form(values: list[int], form: str) -> Any:
-    """``values`` as the given ids-like form (numpy forms only where the values fit)."""
-    if form == "tuple":
-        return tuple(values)
-    if form in ("int32", "int64") and all(-(2**31) <= v < 2**31 for v in values):
-        return np.array(values, dtype=form)
-    if form == "uint16" and all(0 <= v < 2**16 for v in values):
-        return np.array(values, dtype=np.uint16)
-    return list(values)
-
-
-def normalize(value: Any) -> Any:
-    """A comparable form of a return value; numpy arrays keep their dtype."""
-    if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.shape, value.tolist())
-    if isinstance(value, tuple):
-        return tuple(normalize(v) for v in value)
-    if isinstance(value, np.generic):
-        return ("numpy scalar", value.dtype.str, value.item())
-    return value
-
-
 @dataclass
 class Request:
     """Blocks a request holds (one reference per entry) and the hashes of its full blocks."""
@@ -79,24 +59,6 @@ class Request:
     hashes: list[bytes] = field(default_factory=list)
     num_cached: int = 0
     group: int = 0
-
-
-class Outcome:
-    """What one call did on one pool: a value or an exception."""
-
-    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value = value
-        self.error = error
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def key(self) -> Any:
-        return ("ok", normalize(self.value)) if self.ok else ("raised", type(self.error))
-
-    def __repr__(self) -> str:
-        return f"returned {self.value!r}" if self.ok else f"raised {type(self.error).__name__}: {self.error}"
 
 
 class PoolComparison(RuleBasedStateMachine):
@@ -119,16 +81,7 @@ class PoolComparison(RuleBasedStateMachine):
         ``expect`` ("ok" or an exception type) also checks the oracle against what the test
         knows must happen.
         """
-        outcomes = []
-        for pool in (self.subject, self.oracle):
-            try:
-                outcomes.append(Outcome(value=getattr(pool, method)(*args, **kwargs)))
-            except Exception as e:  # noqa: BLE001  (any mismatch is reported below)
-                outcomes.append(Outcome(error=e))
-        subject, oracle = outcomes
-        assert subject.key() == oracle.key(), (
-            f"{method}(args={args!r}, kwargs={kwargs!r}): subject {subject!r}, reference {oracle!r}"
-        )
+        oracle = agree(self.subject, self.oracle, method, *args, **kwargs)
         if expect == "ok":
             assert oracle.ok, f"{method}: expected success, reference {oracle!r}"
         elif expect is not None:

@@ -27,6 +27,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
+from differential import Outcome, agree, as_form
+
 from kvpool._errors import HAVE_CORE, NoFreeBlocksError
 from kvpool.reference import BlockPool as ReferencePool
 from kvpool.reference import ComputedBlocksTracker as ReferenceTracker
@@ -53,51 +55,6 @@ DIGESTS = [None] * 6 + [[bytes([k]) * 32 for k in range(3)], [bytes([k]) * 32 fo
 BAD_TOKENS = [[1.5], "abc", np.array([1.0, 2.0]), [2**63], np.zeros((2, 2), dtype=np.int64), None]
 
 
-def token_form(tokens: list[int], form: str) -> Any:
-    if form == "tuple":
-        return tuple(tokens)
-    if form in ("int32", "int64", "uint8"):
-        return np.array(tokens, dtype=form)
-    return list(tokens)
-
-
-def normalize(value: Any) -> Any:
-    """A comparable form of a return value: arrays keep their dtype, hash lists become lists."""
-    if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.tolist())
-    if hasattr(value, "to_list"):  # BlockHashList (never compared with `==` against a list)
-        return value.to_list()
-    return value
-
-
-class Outcome:
-    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def key(self) -> Any:
-        return ("ok", normalize(self.value)) if self.ok else ("raised", type(self.error))
-
-    def __repr__(self) -> str:
-        return f"returned {self.value!r}" if self.ok else f"raised {type(self.error).__name__}: {self.error}"
-
-
-def both(subject: Any, oracle: Any, method: str, *args: Any, **kwargs: Any) -> Outcome:
-    """Call ``method`` on both objects; assert they agree; return the oracle's outcome."""
-    outcomes = []
-    for obj in (subject, oracle):
-        try:
-            outcomes.append(Outcome(value=getattr(obj, method)(*args, **kwargs)))
-        except Exception as e:  # noqa: BLE001  (any mismatch is reported below)
-            outcomes.append(Outcome(error=e))
-    got, want = outcomes
-    assert got.key() == want.key(), f"{method}(args={args!r}, kwargs={kwargs!r}): rust {got!r}, reference {want!r}"
-    return want
-
-
 @dataclass
 class Seq:
     """The engine's side of a tracked sequence: blocks it holds and tokens computed."""
@@ -116,10 +73,10 @@ class TrackerComparison(RuleBasedStateMachine):
     # -- plumbing -----------------------------------------------------------------------------
 
     def tracker(self, method: str, *args: Any, **kwargs: Any) -> Outcome:
-        return both(self.rust, self.ref, method, *args, **kwargs)
+        return agree(self.rust, self.ref, method, *args, **kwargs)
 
     def pool(self, method: str, *args: Any, **kwargs: Any) -> Outcome:
-        return both(self.rust_pool, self.ref_pool, method, *args, **kwargs)
+        return agree(self.rust_pool, self.ref_pool, method, *args, **kwargs)
 
     def hashes(self, seq_id: Any) -> list[bytes]:
         return list(self.ref.get_block_hashes(seq_id))
@@ -214,7 +171,7 @@ class TrackerComparison(RuleBasedStateMachine):
             prompt_embed_digests=data.draw(st.sampled_from(DIGESTS), label="digests"),
         )
         bad = data.draw(st.sampled_from([None] * 8 + ["tokens", "mm"]), label="bad") if may_fail else None
-        token_ids = token_form(tokens, form)
+        token_ids = as_form(tokens, form)
         if bad == "tokens":
             token_ids = data.draw(st.sampled_from(BAD_TOKENS), label="bad tokens")
         elif bad == "mm":
@@ -228,7 +185,7 @@ class TrackerComparison(RuleBasedStateMachine):
         seq_id = self.pick_id(data)
         tokens = data.draw(st.lists(st.sampled_from(ALPHABET), max_size=6), label="tokens")
         form = data.draw(st.sampled_from(["list", "int64", "tuple"]), label="form")
-        outcome = self.tracker("append_tokens", seq_id, token_form(tokens, form))
+        outcome = self.tracker("append_tokens", seq_id, as_form(tokens, form))
         if outcome.ok:
             self.seqs[seq_id].num_tokens += len(tokens)
 
