@@ -28,7 +28,8 @@ type IdsAndOffsets<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>)
 #[pyclass(frozen, module = "kvpool", name = "BlockPool")]
 pub struct PyBlockPool {
     inner: Mutex<pool::BlockPool>,
-    num_blocks: u32,
+    /// The pool's configuration, which never changes: read without taking the lock.
+    config: PoolConfig,
 }
 
 impl PyBlockPool {
@@ -42,7 +43,7 @@ impl PyBlockPool {
 
     fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         let mut ids = Vec::new();
-        extract_block_ids(obj, self.num_blocks, &mut ids)?;
+        extract_block_ids(obj, self.config.num_blocks, &mut ids)?;
         Ok(ids)
     }
 }
@@ -93,42 +94,41 @@ impl PyBlockPool {
             hash_width: opt_int_arg(hash_width, "hash_width", 1, pool::MAX_HASH_WIDTH as i64)?
                 .map(|w| w as usize),
         };
-        let num_blocks = config.num_blocks;
-        let inner = pool::BlockPool::new(config).py_err(py)?;
+        let inner = pool::BlockPool::new(config.clone()).py_err(py)?;
         Ok(Self {
             inner: Mutex::new(inner),
-            num_blocks,
+            config,
         })
     }
 
     /// Number of blocks (ids ``0..num_blocks``).
     #[getter]
     fn num_blocks(&self) -> u32 {
-        self.num_blocks
+        self.config.num_blocks
     }
 
     /// Tokens per block.
     #[getter]
     fn block_size(&self) -> u32 {
-        self.pool().config().block_size
+        self.config.block_size
     }
 
     /// Whether full blocks are kept in a prefix cache.
     #[getter]
     fn enable_caching(&self) -> bool {
-        self.pool().config().enable_caching
+        self.config.enable_caching
     }
 
     /// Whether KV-cache events are queued.
     #[getter]
     fn enable_events(&self) -> bool {
-        self.pool().config().enable_events
+        self.config.enable_events
     }
 
     /// The null block's id (0), or None when the pool has none.
     #[getter]
     fn null_block(&self) -> Option<u32> {
-        self.pool().null_block()
+        self.config.null_block.then_some(0)
     }
 
     /// Width of the pool's block hashes in bytes, None until the first cached hash fixes it.
@@ -210,7 +210,7 @@ impl PyBlockPool {
         let mut cuts = vec![0usize];
         match offsets {
             Some(offsets) if !offsets.is_none() => {
-                extract_block_ids(blocks, self.num_blocks, &mut flat)?;
+                extract_block_ids(blocks, self.config.num_blocks, &mut flat)?;
                 let mut raw = Vec::new();
                 extract_i64s(offsets, "offsets", &mut raw)?;
                 cuts = raw
@@ -230,7 +230,7 @@ impl PyBlockPool {
                     )
                 })?;
                 for segment in iter {
-                    extract_block_ids(&segment?, self.num_blocks, &mut flat)?;
+                    extract_block_ids(&segment?, self.config.num_blocks, &mut flat)?;
                     cuts.push(flat.len());
                 }
             }
@@ -283,7 +283,7 @@ impl PyBlockPool {
                     .to_owned(),
             ),
         };
-        if !self.pool().config().enable_caching {
+        if !self.config.enable_caching {
             return Err(error(
                 py,
                 ErrorKind::CachingDisabled,
@@ -473,13 +473,13 @@ impl PyBlockPool {
 impl PyBlockPool {
     fn one_id(&self, obj: &Bound<'_, PyAny>) -> PyResult<u32> {
         let id = int_arg(obj, "block_id", i64::MIN, i64::MAX)?;
-        if id < 0 || id >= self.num_blocks as i64 {
+        if id < 0 || id >= self.config.num_blocks as i64 {
             return Err(error(
                 obj.py(),
                 ErrorKind::InvalidBlockId,
                 format!(
                     "block id {id} is out of range for a pool of {} blocks",
-                    self.num_blocks
+                    self.config.num_blocks
                 ),
             ));
         }
