@@ -867,3 +867,15 @@ def test_reference_imports_cbor2_and_xxhash_lazily(monkeypatch: pytest.MonkeyPat
         with pytest.raises(ModuleNotFoundError, match=module):
             ref.BlockHasher(4, hash_algo=algo)
     assert ref.hash_value(1, "sha256") == hashlib.sha256(pickle.dumps(1, protocol=5)).digest()
+
+
+@needs_core
+def test_extend_needs_a_block_hash_list() -> None:
+    hasher = core.BlockHasher(2)
+    with pytest.raises(DtypeError):
+        hasher.extend([b"x" * 32], [1, 2])
+    pool = core.BlockPool(4)
+    blocks = pool.get_new_blocks(1)
+    with pytest.raises(DtypeError):
+        pool.cache_full_blocks(blocks, [b"a"], 0, 1, lora_name=3)
+    assert pool.get_num_cached_blocks() == 0

@@ -12,7 +12,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::convert::{
     extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
-    opt_int_arg, type_name,
+    opt_int_arg, opt_str_arg, type_name,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
@@ -268,21 +268,7 @@ impl PyBlockPool {
         lora_id: Option<&Bound<'_, PyAny>>,
         lora_name: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let lora_name = match lora_name.filter(|n| !n.is_none()) {
-            None => None,
-            Some(n) => Some(
-                n.cast::<pyo3::types::PyString>()
-                    .map_err(|_| {
-                        error(
-                            py,
-                            ErrorKind::Dtype,
-                            format!("lora_name must be a str, got {}", type_name(n)),
-                        )
-                    })?
-                    .to_str()?
-                    .to_owned(),
-            ),
-        };
+        let lora_name = opt_str_arg(lora_name, "lora_name")?;
         if !self.config.enable_caching {
             return Err(error(
                 py,

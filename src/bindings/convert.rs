@@ -366,3 +366,21 @@ pub fn with_i64s<R>(
     extract_i64s(obj, what, &mut owned)?;
     Ok(f(&owned))
 }
+
+/// An optional `str` argument; anything but `str` or `None` is a `DtypeError`.
+pub fn opt_str_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
+    match obj.filter(|o| !o.is_none()) {
+        None => Ok(None),
+        Some(o) => o
+            .cast::<PyString>()
+            .map_err(|_| {
+                error(
+                    o.py(),
+                    ErrorKind::Dtype,
+                    format!("{what} must be a str, got {}", type_name(o)),
+                )
+            })?
+            .to_str()
+            .map(|s| Some(s.to_owned())),
+    }
+}

@@ -6,29 +6,11 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyString, PyTuple};
 
-use super::convert::{extract_i64s, int_arg, type_name, with_i64s};
+use super::convert::{extract_i64s, int_arg, opt_str_arg, type_name, with_i64s};
 use super::errors::{error, ErrorKind};
 pub use super::hash_list::PyBlockHashList;
 use crate::pool::hashing::{self, none_hash, BlockHasher, Encoding, HashAlgo, MmFeature, Value};
 use crate::pool::{HashSlice, SequenceExtras};
-
-/// An optional `str` argument; anything but `str` or `None` is a `DtypeError`.
-fn opt_str_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
-    match obj.filter(|o| !o.is_none()) {
-        None => Ok(None),
-        Some(o) => o
-            .cast::<PyString>()
-            .map_err(|_| {
-                error(
-                    o.py(),
-                    ErrorKind::Dtype,
-                    format!("{what} must be a str, got {}", type_name(o)),
-                )
-            })?
-            .to_str()
-            .map(|s| Some(s.to_owned())),
-    }
-}
 
 /// Resolves a hash algorithm name (`None`: `sha256_cbor`).
 pub fn algo_arg(py: Python<'_>, name: Option<&Bound<'_, PyAny>>) -> PyResult<HashAlgo> {
@@ -72,16 +54,7 @@ pub fn extract_extras(
         })?;
         extras.lora = Some(pair);
     }
-    if let Some(salt) = some(cache_salt) {
-        let salt = salt.cast::<PyString>().map_err(|_| {
-            error(
-                py,
-                ErrorKind::Dtype,
-                format!("cache_salt must be a str, got {}", type_name(salt)),
-            )
-        })?;
-        extras.cache_salt = Some(salt.to_str()?.to_owned());
-    }
+    extras.cache_salt = opt_str_arg(cache_salt, "cache_salt")?;
     if let Some(mm) = some(mm_features) {
         for item in mm
             .try_iter()
@@ -313,14 +286,23 @@ impl PyBlockHasher {
     fn extend(
         &self,
         py: Python<'_>,
-        hashes: &Bound<'_, PyBlockHashList>,
+        hashes: &Bound<'_, PyAny>,
         token_ids: &Bound<'_, PyAny>,
         lora: Option<&Bound<'_, PyAny>>,
         cache_salt: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
         prompt_embed_digests: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let list = hashes.get();
+        let list = hashes
+            .cast::<PyBlockHashList>()
+            .map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::Dtype,
+                    format!("hashes must be a BlockHashList, got {}", type_name(hashes)),
+                )
+            })?
+            .get();
         if list.algo() != self.algo {
             return Err(error(
                 py,
