@@ -181,6 +181,9 @@ enum Op {
     /// Look up a chain of hashes; touch the hits as a new request.
     HitAndTouch(Vec<u8>),
     Evict(Vec<u32>),
+    /// Touch any blocks, free or not, cached or not (uncached free ones leave the
+    /// free queue's stack or fresh range from the middle), held as a new request.
+    Touch(Vec<u32>),
     Reset,
 }
 
@@ -194,6 +197,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (any::<usize>(), 0usize..8, 0usize..8, prop::collection::vec(0u8..6, 8)).prop_map(|(i, a, b, h)| Op::Cache(i, a.min(b), a.max(b), h)),
         3 => prop::collection::vec(0u8..6, 0..6).prop_map(Op::HitAndTouch),
         1 => prop::collection::vec(0u32..20, 0..4).prop_map(Op::Evict),
+        2 => prop::collection::vec(0u32..20, 0..4).prop_map(Op::Touch),
         1 => Just(Op::Reset),
     ]
 }
@@ -376,6 +380,16 @@ fn run(num_blocks: u32, caching: bool, null: bool, ops: Vec<Op>) {
                     for id in ids {
                         model.drop_hash(id);
                     }
+                }
+            }
+            Op::Touch(ids) => {
+                let got = pool.touch(&ids);
+                if ids.iter().any(|&id| id >= num_blocks) {
+                    assert!(got.is_err());
+                } else {
+                    got.unwrap();
+                    model.touch(&ids);
+                    held.push(ids);
                 }
             }
             Op::Reset => assert_eq!(pool.reset_prefix_cache(), model.reset()),

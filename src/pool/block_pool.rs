@@ -8,8 +8,9 @@ use super::error::{PoolError, PoolResult};
 use super::events::PoolEvent;
 use super::free_queue::FreeQueue;
 use super::hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
+use super::key_hasher::KeyHasher;
 use super::prefix_map::PrefixMap;
-use super::slab::{Slab, NIL};
+use super::slab::{BlockMeta, Slab, NIL};
 
 /// Largest pool: block ids must fit in a numpy `int32`.
 pub const MAX_BLOCKS: u32 = i32::MAX as u32;
@@ -142,17 +143,23 @@ impl BlockPool {
                 )));
             }
         }
+        let reserved_keys = if config.enable_caching {
+            config.num_blocks as usize
+        } else {
+            0
+        };
         let mut slab = Slab::new(config.num_blocks);
-        let mut queue = FreeQueue::new();
         let first = u32::from(config.null_block);
-        let ids: Vec<u32> = (first..config.num_blocks).collect();
-        queue.push_back_n(&mut slab, &ids);
+        if config.null_block {
+            *slab.get_mut(0) = BlockMeta::EMPTY;
+        }
+        let queue = FreeQueue::fresh(first, config.num_blocks);
         Ok(Self {
             hash_width: config.hash_width,
             config,
             slab,
             queue,
-            map: PrefixMap::new(),
+            map: PrefixMap::with_hasher(KeyHasher::process(), reserved_keys),
             events: Vec::new(),
             to_head: Vec::new(),
             to_tail: Vec::new(),
@@ -224,11 +231,10 @@ impl BlockPool {
                 free: self.queue.len(),
             });
         }
-        let start = out.len();
-        self.queue.pop_front_n(&mut self.slab, n, out);
-        for &id in &out[start..] {
-            self.slab.get_mut(id).ref_cnt = 1;
-            self.drop_key(id);
+        let from_list = self.queue.take_front_n(&mut self.slab, n, out);
+        // Only blocks from the queue's list can still hold a hash.
+        for i in from_list..out.len() {
+            self.drop_key(out[i]);
         }
         Ok(())
     }
@@ -552,10 +558,8 @@ impl BlockPool {
         if self.num_used_blocks() > 0 {
             return false;
         }
-        for meta in self.slab.iter_mut() {
-            meta.key_slot = NIL;
-        }
-        self.map.clear();
+        let slab = &mut self.slab;
+        self.map.drain_blocks(|id| slab.get_mut(id).key_slot = NIL);
         if self.config.enable_events {
             self.events.push(PoolEvent::AllBlocksCleared);
         }

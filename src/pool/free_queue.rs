@@ -1,53 +1,226 @@
-//! The free queue: a doubly linked list threaded through the slab by `u32` links.
+//! The free queue, in three parts that together keep vLLM's LRU order.
 //!
-//! Head = next to be reused (least recently used), tail = most recently freed. Every
-//! operation is O(1) per block moved and allocation-free; removal from the middle is
-//! O(1), which is what lets a prefix-cache hit reclaim a free block cheaply.
+//! Head = next to be reused, tail = most recently freed cached block. vLLM's queue is
+//! one doubly linked list; freed blocks without a hash go to its head, freed cached
+//! blocks to its tail, and allocation pops the head. So the front of the queue only
+//! ever holds uncached blocks, taken and returned at the very front: a LIFO stack.
+//! kvpool stores the queue as
+//!
+//! 1. **the stack**: uncached freed blocks, its top the queue's head. Pushing and
+//!    popping are a `Vec` push and pop; a block taken from the middle (a `touch` of
+//!    a free uncached block) leaves a tombstone, skipped when popped and compacted
+//!    away once tombstones outnumber the live entries;
+//! 2. **the fresh range**: blocks never allocated since the pool was built, in id
+//!    order, so building a pool links nothing; a fresh block taken from the middle
+//!    is unmarked and skipped;
+//! 3. **the list**: cached blocks (and blocks whose hash was dropped while free), a
+//!    doubly linked list threaded through the slab by `u32` links, with O(1) removal
+//!    from the middle, which is what lets a prefix-cache hit reclaim a free block.
+//!
+//! Head to tail the queue is stack (top first), fresh range, list: exactly vLLM's
+//! order (the invariant walk and the model tests check it). Every operation is O(1)
+//! per block moved, amortized, and allocation-free once the stack has grown.
 
-use super::slab::{Slab, NIL};
+use super::slab::{BlockMeta, Slab, NIL};
 
-/// Head, tail and length of the list; the links live in the [`Slab`].
+/// `next` of a block on the stack (its `prev` is then its index in the stack).
+pub const STACKED: u32 = NIL - 1;
+/// `next` of a block still in the fresh range.
+pub const FRESH: u32 = NIL - 2;
+
+/// Tombstones tolerated beyond the live entries before the stack is compacted.
+const TOMBSTONE_SLACK: usize = 64;
+
+/// Where a free block sits in the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// On the stack at this index.
+    Stack(u32),
+    /// In the fresh range.
+    Fresh,
+    /// In the linked list.
+    List,
+}
+
+impl Place {
+    /// The place recorded in a free block's links.
+    #[inline]
+    pub fn of(meta: &BlockMeta) -> Self {
+        match meta.next {
+            STACKED => Place::Stack(meta.prev),
+            FRESH => Place::Fresh,
+            _ => Place::List,
+        }
+    }
+}
+
+/// The stack, the fresh range and the list's ends; the links live in the [`Slab`].
 #[derive(Clone, Debug)]
 pub struct FreeQueue {
+    /// Uncached free blocks, the last one the queue's head; [`NIL`] marks a tombstone.
+    stack: Vec<u32>,
+    /// Live (non-tombstone) entries of `stack`.
+    stack_live: u32,
+    /// The fresh range still to scan, `fresh_next..fresh_end`, and how many of its
+    /// blocks are still fresh.
+    fresh_next: u32,
+    fresh_end: u32,
+    fresh_live: u32,
+    /// The list's head, tail and length.
     head: u32,
     tail: u32,
-    len: u32,
+    list_len: u32,
 }
 
 impl FreeQueue {
-    /// An empty queue.
-    pub fn new() -> Self {
+    /// A queue holding the blocks `first..end` in id order, all fresh: the caller has
+    /// built their slab entries as [`BlockMeta::FRESH`]. Costs O(1).
+    pub fn fresh(first: u32, end: u32) -> Self {
         Self {
+            stack: Vec::new(),
+            stack_live: 0,
+            fresh_next: first,
+            fresh_end: end.max(first),
+            fresh_live: end.saturating_sub(first),
             head: NIL,
             tail: NIL,
-            len: 0,
+            list_len: 0,
         }
+    }
+
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::fresh(0, 0)
     }
 
     /// Number of free blocks.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len as usize
+        (self.stack_live + self.fresh_live + self.list_len) as usize
     }
 
     /// True when no block is free.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
-    /// The head block (next to be reused), or [`NIL`].
-    pub fn head(&self) -> u32 {
-        self.head
-    }
-
-    /// The tail block (most recently freed), or [`NIL`].
+    /// The list's tail (the most recently freed cached block), or [`NIL`].
     pub fn tail(&self) -> u32 {
         self.tail
     }
 
-    /// Links `ids` into one chain, in order, and returns its ends. `ids` is not empty.
-    fn link_chain(slab: &mut Slab, ids: &[u32]) -> (u32, u32) {
-        let mut prev = NIL;
+    /// The list's head, or [`NIL`].
+    pub fn list_head(&self) -> u32 {
+        self.head
+    }
+
+    /// The stack's entries, bottom to top, tombstones ([`NIL`]) included.
+    pub fn stack_entries(&self) -> &[u32] {
+        &self.stack
+    }
+
+    /// Live entries of the stack, and the fresh range's remaining span and live count.
+    pub fn part_counts(&self) -> (usize, (u32, u32), usize, usize) {
+        (
+            self.stack_live as usize,
+            (self.fresh_next, self.fresh_end),
+            self.fresh_live as usize,
+            self.list_len as usize,
+        )
+    }
+
+    /// Takes `n` blocks from the head (the caller has checked `n <= len`), appends
+    /// them to `out` in queue order and marks each in use with count 1. Returns the
+    /// position in `out` from which blocks came from the list: only those can still
+    /// hold a cached hash.
+    pub fn take_front_n(&mut self, slab: &mut Slab, n: usize, out: &mut Vec<u32>) -> usize {
+        debug_assert!(n <= self.len());
+        out.reserve(n);
+        let in_use = BlockMeta::in_use();
+        let mut left = n;
+        // 1. The stack, top first.
+        if left > 0 && self.stack_live > 0 {
+            let take = left.min(self.stack_live as usize);
+            if self.stack.len() == self.stack_live as usize {
+                // No tombstones: the top `take` entries, top first.
+                let start = self.stack.len() - take;
+                for &id in self.stack[start..].iter().rev() {
+                    *slab.get_mut(id) = in_use;
+                    out.push(id);
+                }
+                self.stack.truncate(start);
+            } else {
+                let mut taken = 0;
+                while taken < take {
+                    let id = self.stack.pop().unwrap_or(NIL);
+                    if id != NIL {
+                        *slab.get_mut(id) = in_use;
+                        out.push(id);
+                        taken += 1;
+                    }
+                }
+                self.drop_top_tombstones();
+            }
+            self.stack_live -= take as u32;
+            left -= take;
+        }
+        // 2. The fresh range, in id order, skipping blocks taken from it earlier.
+        while left > 0 && self.fresh_live > 0 {
+            let id = self.fresh_next;
+            self.fresh_next += 1;
+            let meta = slab.get_mut(id);
+            if meta.next == FRESH {
+                *meta = in_use;
+                out.push(id);
+                self.fresh_live -= 1;
+                left -= 1;
+            }
+        }
+        if self.fresh_live == 0 {
+            self.fresh_next = self.fresh_end;
+        }
+        // 3. The list, from its head.
+        let from_list = out.len();
+        if left > 0 {
+            let mut id = self.head;
+            for _ in 0..left {
+                out.push(id);
+                let meta = slab.get_mut(id);
+                let next = meta.next;
+                meta.ref_cnt = 1;
+                meta.prev = NIL;
+                meta.next = NIL;
+                id = next;
+            }
+            self.head = id;
+            if id == NIL {
+                self.tail = NIL;
+            } else {
+                slab.get_mut(id).prev = NIL;
+            }
+            self.list_len -= left as u32;
+        }
+        from_list
+    }
+
+    /// Puts uncached blocks at the head, in the order given: `ids[0]` becomes the head.
+    pub fn push_front_n(&mut self, slab: &mut Slab, ids: &[u32]) {
+        self.stack.reserve(ids.len());
+        for &id in ids.iter().rev() {
+            let meta = slab.get_mut(id);
+            meta.prev = self.stack.len() as u32;
+            meta.next = STACKED;
+            self.stack.push(id);
+        }
+        self.stack_live += ids.len() as u32;
+    }
+
+    /// Appends blocks at the tail of the list, in the order given.
+    pub fn push_back_n(&mut self, slab: &mut Slab, ids: &[u32]) {
+        let Some(&first) = ids.first() else {
+            return;
+        };
+        let mut prev = self.tail;
         for &id in ids {
             let meta = slab.get_mut(id);
             meta.prev = prev;
@@ -57,90 +230,71 @@ impl FreeQueue {
             }
             prev = id;
         }
-        (ids[0], prev)
-    }
-
-    /// Appends `ids` at the tail, in the order given.
-    pub fn push_back_n(&mut self, slab: &mut Slab, ids: &[u32]) {
-        if ids.is_empty() {
-            return;
-        }
-        let (first, last) = Self::link_chain(slab, ids);
         if self.tail == NIL {
             self.head = first;
-        } else {
-            slab.get_mut(self.tail).next = first;
-            slab.get_mut(first).prev = self.tail;
         }
-        self.tail = last;
-        self.len += ids.len() as u32;
+        self.tail = prev;
+        self.list_len += ids.len() as u32;
     }
 
-    /// Prepends `ids` at the head, in the order given: `ids[0]` becomes the head.
-    pub fn push_front_n(&mut self, slab: &mut Slab, ids: &[u32]) {
-        if ids.is_empty() {
-            return;
-        }
-        let (first, last) = Self::link_chain(slab, ids);
-        if self.head == NIL {
-            self.tail = last;
-        } else {
-            slab.get_mut(self.head).prev = last;
-            slab.get_mut(last).next = self.head;
-        }
-        self.head = first;
-        self.len += ids.len() as u32;
-    }
-
-    /// Pops `n` blocks from the head, appending them to `out` in queue order.
-    /// The caller has checked `n <= len`.
-    pub fn pop_front_n(&mut self, slab: &mut Slab, n: usize, out: &mut Vec<u32>) {
-        debug_assert!(n <= self.len());
-        out.reserve(n);
-        let mut id = self.head;
-        for _ in 0..n {
-            out.push(id);
-            let meta = slab.get_mut(id);
-            let next = meta.next;
-            meta.prev = NIL;
-            meta.next = NIL;
-            id = next;
-        }
-        self.head = id;
-        if id == NIL {
-            self.tail = NIL;
-        } else {
-            slab.get_mut(id).prev = NIL;
-        }
-        self.len -= n as u32;
-    }
-
-    /// Unlinks block `id`, which the caller knows to be in the queue.
+    /// Takes block `id`, which the caller knows to be free, out of the queue.
     pub fn remove(&mut self, slab: &mut Slab, id: u32) {
         let meta = *slab.get(id);
-        if meta.prev == NIL {
-            self.head = meta.next;
-        } else {
-            slab.get_mut(meta.prev).next = meta.next;
-        }
-        if meta.next == NIL {
-            self.tail = meta.prev;
-        } else {
-            slab.get_mut(meta.next).prev = meta.prev;
+        match Place::of(&meta) {
+            Place::Stack(index) => {
+                self.stack[index as usize] = NIL;
+                self.stack_live -= 1;
+                self.drop_top_tombstones();
+                if self.stack.len() > 2 * self.stack_live as usize + TOMBSTONE_SLACK {
+                    self.compact_stack(slab);
+                }
+            }
+            Place::Fresh => self.fresh_live -= 1,
+            Place::List => {
+                if meta.prev == NIL {
+                    self.head = meta.next;
+                } else {
+                    slab.get_mut(meta.prev).next = meta.next;
+                }
+                if meta.next == NIL {
+                    self.tail = meta.prev;
+                } else {
+                    slab.get_mut(meta.next).prev = meta.prev;
+                }
+                self.list_len -= 1;
+            }
         }
         let meta = slab.get_mut(id);
         meta.prev = NIL;
         meta.next = NIL;
-        self.len -= 1;
+    }
+
+    fn drop_top_tombstones(&mut self) {
+        while self.stack.last() == Some(&NIL) {
+            self.stack.pop();
+        }
+    }
+
+    /// Removes the tombstones, keeping the live entries' order and their indices right.
+    fn compact_stack(&mut self, slab: &mut Slab) {
+        self.stack.retain(|&id| id != NIL);
+        for (index, &id) in self.stack.iter().enumerate() {
+            slab.get_mut(id).prev = index as u32;
+        }
     }
 
     /// The queued ids from head to tail.
-    pub fn iter<'a>(&self, slab: &'a Slab) -> FreeQueueIter<'a> {
-        FreeQueueIter {
+    pub fn iter<'a>(&'a self, slab: &'a Slab) -> impl Iterator<Item = u32> + 'a {
+        let stack = self.stack.iter().rev().copied().filter(|&id| id != NIL);
+        let fresh = (self.fresh_next..self.fresh_end)
+            .filter(move |&id| id < slab.len() && slab.get(id).next == FRESH)
+            .take(self.fresh_live as usize);
+        let list = ListIter {
             slab,
             next: self.head,
-            remaining: self.len as usize,
-        }
+            remaining: self.list_len as usize,
+        };
+        stack.chain(fresh).chain(list)
     }
 }
 
@@ -150,15 +304,15 @@ impl Default for FreeQueue {
     }
 }
 
-/// Iterator over the free queue, head to tail. Stops after `len` steps even if the
-/// links were corrupted into a cycle, so `check_invariants` can always finish.
-pub struct FreeQueueIter<'a> {
+/// Iterator over the list, head to tail. Stops after `len` steps even if the links
+/// were corrupted into a cycle, so `check_invariants` can always finish.
+struct ListIter<'a> {
     slab: &'a Slab,
     next: u32,
     remaining: usize,
 }
 
-impl Iterator for FreeQueueIter<'_> {
+impl Iterator for ListIter<'_> {
     type Item = u32;
 
     fn next(&mut self) -> Option<u32> {
@@ -177,52 +331,81 @@ mod tests {
     use super::*;
 
     fn queue_of(n: u32) -> (Slab, FreeQueue) {
-        let mut slab = Slab::new(n);
-        let mut q = FreeQueue::new();
-        let ids: Vec<u32> = (0..n).collect();
-        q.push_back_n(&mut slab, &ids);
-        (slab, q)
+        (Slab::new(n), FreeQueue::fresh(0, n))
     }
 
     fn order(slab: &Slab, q: &FreeQueue) -> Vec<u32> {
         q.iter(slab).collect()
     }
 
-    #[test]
-    fn pop_front_takes_head_in_order() {
-        let (mut slab, mut q) = queue_of(5);
+    fn take(slab: &mut Slab, q: &mut FreeQueue, n: usize) -> Vec<u32> {
         let mut out = vec![];
-        q.pop_front_n(&mut slab, 2, &mut out);
-        assert_eq!(out, vec![0, 1]);
-        assert_eq!(order(&slab, &q), vec![2, 3, 4]);
-        q.pop_front_n(&mut slab, 3, &mut out);
-        assert!(q.is_empty());
-        assert_eq!((q.head(), q.tail()), (NIL, NIL));
+        q.take_front_n(slab, n, &mut out);
+        for &id in &out {
+            assert_eq!(slab.get(id).ref_cnt, 1);
+            slab.get_mut(id).ref_cnt = 0; // as the pool does before queueing again
+        }
+        out
     }
 
     #[test]
-    fn push_front_keeps_given_order() {
+    fn fresh_blocks_come_out_in_id_order() {
+        let (mut slab, mut q) = queue_of(5);
+        assert_eq!(take(&mut slab, &mut q, 2), vec![0, 1]);
+        assert_eq!(order(&slab, &q), vec![2, 3, 4]);
+        assert_eq!(take(&mut slab, &mut q, 3), vec![2, 3, 4]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn stack_then_fresh_then_list() {
         let (mut slab, mut q) = queue_of(6);
-        let mut out = vec![];
-        q.pop_front_n(&mut slab, 3, &mut out);
+        take(&mut slab, &mut q, 3);
         q.push_front_n(&mut slab, &[2, 0]);
         q.push_back_n(&mut slab, &[1]);
         assert_eq!(order(&slab, &q), vec![2, 0, 3, 4, 5, 1]);
         assert_eq!(q.len(), 6);
+        assert_eq!(take(&mut slab, &mut q, 6), vec![2, 0, 3, 4, 5, 1]);
     }
 
     #[test]
-    fn remove_from_head_middle_tail() {
-        let (mut slab, mut q) = queue_of(5);
-        q.remove(&mut slab, 2);
-        q.remove(&mut slab, 0);
-        q.remove(&mut slab, 4);
-        assert_eq!(order(&slab, &q), vec![1, 3]);
-        assert_eq!((q.head(), q.tail()), (1, 3));
-        q.remove(&mut slab, 1);
+    fn remove_from_every_part() {
+        let (mut slab, mut q) = queue_of(8);
+        take(&mut slab, &mut q, 4);
+        q.push_front_n(&mut slab, &[3, 2]);
+        q.push_back_n(&mut slab, &[0, 1]);
+        // stack [3, 2], fresh [4..8], list [0, 1]
+        q.remove(&mut slab, 2); // stack, under the top
+        q.remove(&mut slab, 5); // fresh, in the middle
+        q.remove(&mut slab, 0); // list head
+        assert_eq!(order(&slab, &q), vec![3, 4, 6, 7, 1]);
         q.remove(&mut slab, 3);
-        assert!(q.is_empty());
-        q.push_front_n(&mut slab, &[4]);
-        assert_eq!(order(&slab, &q), vec![4]);
+        q.remove(&mut slab, 1);
+        assert_eq!(order(&slab, &q), vec![4, 6, 7]);
+        assert_eq!(q.stack_entries(), &[] as &[u32]);
+        assert_eq!((q.list_head(), q.tail()), (NIL, NIL));
+        let mut out = vec![];
+        let from_list = q.take_front_n(&mut slab, 3, &mut out);
+        assert_eq!((out, from_list), (vec![4, 6, 7], 3));
+    }
+
+    #[test]
+    fn tombstones_are_compacted_and_order_kept() {
+        let n = 1_000;
+        let (mut slab, mut q) = queue_of(n);
+        let all = take(&mut slab, &mut q, n as usize);
+        q.push_front_n(&mut slab, &all);
+        // Take every block but the top one out of the stack's middle.
+        for &id in &all[1..n as usize - 1] {
+            q.remove(&mut slab, id);
+        }
+        assert!(q.stack_entries().len() <= 2 * 2 + TOMBSTONE_SLACK);
+        assert_eq!(order(&slab, &q), vec![0, n - 1]);
+        for (i, &id) in q.stack_entries().iter().enumerate() {
+            if id != NIL {
+                assert_eq!(Place::of(slab.get(id)), Place::Stack(i as u32));
+            }
+        }
+        assert_eq!(take(&mut slab, &mut q, 2), vec![0, n - 1]);
     }
 }

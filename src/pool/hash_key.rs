@@ -45,21 +45,16 @@ impl BlockHash {
         self.len as usize
     }
 
-    /// A well-mixed 64-bit fingerprint for the prefix map's hash table.
-    ///
-    /// The bytes are already a cryptographic or xxh3 digest, but callers may pass
-    /// structured ids (e.g. small integers), so every byte is folded in.
+    /// The 32 bytes (zero-padded past the width) as four little-endian words.
     #[inline]
-    fn fingerprint(&self) -> u64 {
-        const K: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut h = self.len as u64;
-        for word in self.bytes.chunks_exact(8) {
-            let w = u64::from_le_bytes([
-                word[0], word[1], word[2], word[3], word[4], word[5], word[6], word[7],
-            ]);
-            h = (h.rotate_left(5) ^ w).wrapping_mul(K);
-        }
-        h
+    pub fn words(&self) -> [u64; 4] {
+        let b = &self.bytes;
+        let word = |i: usize| {
+            u64::from_le_bytes([
+                b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7],
+            ])
+        };
+        [word(0), word(8), word(16), word(24)]
     }
 }
 
@@ -76,13 +71,6 @@ impl BlockHashKey {
     /// The key of `hash` in `group`.
     pub fn new(hash: BlockHash, group: u32) -> Self {
         Self { hash, group }
-    }
-
-    /// The 64-bit hash used by the prefix map's table.
-    #[inline]
-    pub(crate) fn table_hash(&self) -> u64 {
-        let h = self.hash.fingerprint() ^ (self.group as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
-        h ^ (h >> 29)
     }
 }
 
@@ -184,8 +172,6 @@ mod tests {
         let c = BlockHashKey::new(BlockHash::new(b"abcd\0").unwrap(), 0);
         assert_ne!(a, b);
         assert_ne!(a, c);
-        assert_ne!(a.table_hash(), b.table_hash());
-        assert_ne!(a.table_hash(), c.table_hash());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! debugging. It never changes anything and reports every broken invariant.
 
 use super::block_pool::BlockPool;
+use super::free_queue::{Place, FRESH, STACKED};
 use super::slab::NIL;
 
 impl BlockPool {
@@ -10,7 +11,6 @@ impl BlockPool {
         let mut problems = Vec::new();
         let n = self.config.num_blocks;
         let mut in_queue = vec![false; n as usize];
-        let mut prev = NIL;
         let mut walked = 0usize;
         for id in self.queue.iter(&self.slab) {
             walked += 1;
@@ -19,17 +19,9 @@ impl BlockPool {
                 break;
             }
             in_queue[id as usize] = true;
-            let meta = self.slab.get(id);
-            if meta.prev != prev {
-                problems.push(format!(
-                    "free queue: block {id} links back to {} not {prev}",
-                    meta.prev
-                ));
-            }
             if self.is_null(id) {
                 problems.push("free queue: holds the null block".into());
             }
-            prev = id;
         }
         if walked != self.queue.len() {
             problems.push(format!(
@@ -37,12 +29,7 @@ impl BlockPool {
                 self.queue.len()
             ));
         }
-        if self.queue.tail() != prev {
-            problems.push(format!(
-                "free queue: tail is {} but the walk ended at {prev}",
-                self.queue.tail()
-            ));
-        }
+        self.check_queue_parts(&mut problems);
         for (id, meta) in self.slab.iter().enumerate() {
             let id = id as u32;
             if self.is_null(id) {
@@ -97,6 +84,66 @@ impl BlockPool {
             Ok(())
         } else {
             Err(problems)
+        }
+    }
+
+    /// The free queue's three parts: stack entries know their index and hold no
+    /// hash, the fresh range's count is right, the list links back and ends at its
+    /// tail.
+    fn check_queue_parts(&self, problems: &mut Vec<String>) {
+        let (stack_live, (fresh_next, fresh_end), fresh_live, list_len) = self.queue.part_counts();
+        let mut live = 0;
+        for (index, &id) in self.queue.stack_entries().iter().enumerate() {
+            if id == NIL {
+                continue;
+            }
+            live += 1;
+            let meta = self.slab.get(id);
+            if Place::of(meta) != Place::Stack(index as u32) {
+                problems.push(format!("free queue: stacked block {id} does not know its index {index}"));
+            }
+            if meta.is_cached() {
+                problems.push(format!("free queue: stacked block {id} holds a hash"));
+            }
+        }
+        if live != stack_live {
+            problems.push(format!("free queue: {live} stacked blocks, the count says {stack_live}"));
+        }
+        let mut fresh = 0;
+        for (id, meta) in self.slab.iter().enumerate() {
+            let id = id as u32;
+            match meta.next {
+                FRESH if (fresh_next..fresh_end).contains(&id) => fresh += 1,
+                FRESH => problems.push(format!("free queue: block {id} is fresh outside the fresh range")),
+                STACKED if self.queue.stack_entries().get(meta.prev as usize) != Some(&id) => {
+                    problems.push(format!("free queue: block {id} is marked stacked but is not on the stack"))
+                }
+                _ => {}
+            }
+            if meta.next == FRESH && meta.is_cached() {
+                problems.push(format!("free queue: fresh block {id} holds a hash"));
+            }
+        }
+        if fresh != fresh_live {
+            problems.push(format!("free queue: {fresh} fresh blocks, the count says {fresh_live}"));
+        }
+        let mut prev = NIL;
+        let mut id = self.queue.list_head();
+        let mut walked = 0;
+        while id != NIL && id < self.config.num_blocks && walked <= list_len {
+            let meta = self.slab.get(id);
+            if meta.prev != prev {
+                problems.push(format!("free queue: block {id} links back to {} not {prev}", meta.prev));
+            }
+            prev = id;
+            id = meta.next;
+            walked += 1;
+        }
+        if walked != list_len || self.queue.tail() != prev {
+            problems.push(format!(
+                "free queue: the list walk ended at {prev} after {walked} blocks; tail {} and length {list_len}",
+                self.queue.tail()
+            ));
         }
     }
 }

@@ -4,39 +4,69 @@
 //! at once; block tables stay append-only), and a lookup returns the first one
 //! inserted, as vLLM does. Layout:
 //!
-//! - an arena of entries `{key, block, next_dup}`; a block's `key_slot` is its
-//!   entry's index, so evicting a block finds its key in O(1);
+//! - an arena of entries `{key, hash, block, prev_dup, next_dup}`; a block's
+//!   `key_slot` is its entry's index, so evicting a block finds its key in O(1);
 //! - a `hashbrown::HashTable<u32>` holding, per distinct key, the arena slot of
-//!   its first entry; entries with the same key are chained through `next_dup`
-//!   in insertion order.
+//!   its first entry; entries with the same key form a doubly linked chain in
+//!   insertion order, whose head's `prev_dup` points at the chain's tail, so an
+//!   insert appends and a removal unlinks in O(1) however long the chain is.
 //!
-//! The table stores 4-byte slots and hashes them with [`BlockHashKey::table_hash`]
-//! (a cheap fold: the keys are already digests), never SipHash.
+//! The table stores 4-byte slots hashed by a keyed [`KeyHasher`] (full avalanche,
+//! per-process seeds), so the cost of an operation does not depend on what the keys
+//! look like. Each entry keeps its table hash: a rehash never recomputes it, and a
+//! probe compares 8 bytes before the whole key.
 
 use hashbrown::HashTable;
 
 use super::hash_key::BlockHashKey;
+use super::key_hasher::KeyHasher;
 use super::slab::NIL;
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     key: BlockHashKey,
+    hash: u64,
+    /// The cached block, or [`NIL`] while the entry is vacant.
     block: u32,
+    /// The previous entry under the same key; for the chain's head, its tail.
+    prev_dup: u32,
+    /// The next entry under the same key, or [`NIL`].
     next_dup: u32,
 }
 
-/// Hash key to block(s), with first-inserted-wins lookup and O(1) removal by slot.
-#[derive(Clone, Debug, Default)]
+/// Most table capacity reserved up front; a larger cache grows the table as it fills.
+const MAX_RESERVED_KEYS: usize = 1 << 20;
+
+/// Hash key to block(s), with first-inserted-wins lookup and O(1) insert and removal.
+#[derive(Clone, Debug)]
 pub struct PrefixMap {
     table: HashTable<u32>,
     entries: Vec<Entry>,
     vacant: Vec<u32>,
+    hasher: KeyHasher,
+}
+
+impl Default for PrefixMap {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl PrefixMap {
-    /// An empty map.
+    /// An empty map hashing with the process's [`KeyHasher`].
     pub fn new() -> Self {
-        Self::default()
+        Self::with_hasher(KeyHasher::process(), 0)
+    }
+
+    /// An empty map with room for `keys` distinct keys (at most 2^20 reserved up
+    /// front) before its table grows.
+    pub fn with_hasher(hasher: KeyHasher, keys: usize) -> Self {
+        Self {
+            table: HashTable::with_capacity(keys.min(MAX_RESERVED_KEYS)),
+            entries: Vec::new(),
+            vacant: Vec::new(),
+            hasher,
+        }
     }
 
     /// Number of cached blocks (entries), counting every block under a shared key.
@@ -54,13 +84,22 @@ impl PrefixMap {
         self.table.len()
     }
 
+    #[inline]
+    fn find_head(&self, key: &BlockHashKey, hash: u64) -> Option<u32> {
+        let entries = &self.entries;
+        self.table
+            .find(hash, |&slot| {
+                let e = &entries[slot as usize];
+                e.hash == hash && e.key == *key
+            })
+            .copied()
+    }
+
     /// The first-inserted block still cached under `key`.
     #[inline]
     pub fn get(&self, key: &BlockHashKey) -> Option<u32> {
-        let entries = &self.entries;
-        self.table
-            .find(key.table_hash(), |&slot| entries[slot as usize].key == *key)
-            .map(|&slot| entries[slot as usize].block)
+        self.find_head(key, self.hasher.hash(key))
+            .map(|slot| self.entries[slot as usize].block)
     }
 
     /// The key held at `slot`.
@@ -77,9 +116,13 @@ impl PrefixMap {
     /// Caches `block` under `key`, after any blocks already there, and returns the
     /// entry's slot (to be stored as the block's `key_slot`).
     pub fn insert(&mut self, key: BlockHashKey, block: u32) -> u32 {
+        let hash = self.hasher.hash(&key);
+        let head = self.find_head(&key, hash);
         let entry = Entry {
             key,
+            hash,
             block,
+            prev_dup: NIL,
             next_dup: NIL,
         };
         let slot = match self.vacant.pop() {
@@ -93,18 +136,18 @@ impl PrefixMap {
             }
         };
         let entries = &mut self.entries;
-        let hash = key.table_hash();
-        match self.table.find(hash, |&s| entries[s as usize].key == key) {
-            Some(&head) => {
-                let mut last = head;
-                while entries[last as usize].next_dup != NIL {
-                    last = entries[last as usize].next_dup;
-                }
-                entries[last as usize].next_dup = slot;
+        match head {
+            Some(head) => {
+                // Append after the tail, which the head's prev_dup names.
+                let tail = entries[head as usize].prev_dup;
+                entries[tail as usize].next_dup = slot;
+                entries[slot as usize].prev_dup = tail;
+                entries[head as usize].prev_dup = slot;
             }
             None => {
+                entries[slot as usize].prev_dup = slot;
                 self.table
-                    .insert_unique(hash, slot, |&s| entries[s as usize].key.table_hash());
+                    .insert_unique(hash, slot, |&s| entries[s as usize].hash);
             }
         }
         slot
@@ -115,33 +158,56 @@ impl PrefixMap {
     pub fn remove(&mut self, slot: u32) -> BlockHashKey {
         let removed = self.entries[slot as usize];
         let entries = &mut self.entries;
-        let hash = removed.key.table_hash();
-        if let Ok(head) = self.table.find_entry(hash, |&s| s == slot) {
+        let head_of_chain = entries[removed.prev_dup as usize].next_dup != slot;
+        if head_of_chain {
             // `slot` heads its chain: promote its successor, or drop the key.
-            if removed.next_dup == NIL {
-                head.remove();
-            } else {
-                *head.into_mut() = removed.next_dup;
+            let head = self.table.find_entry(removed.hash, |&s| s == slot);
+            debug_assert!(head.is_ok(), "a chain's head is in the table");
+            if let Ok(head) = head {
+                if removed.next_dup == NIL {
+                    head.remove();
+                } else {
+                    *head.into_mut() = removed.next_dup;
+                    // The new head inherits the pointer to the tail.
+                    entries[removed.next_dup as usize].prev_dup = removed.prev_dup;
+                }
             }
         } else {
-            // Not a head: unlink it from its key's chain (chains are short).
-            let head = self
-                .table
-                .find(hash, |&s| entries[s as usize].key == removed.key);
-            debug_assert!(head.is_some(), "a live entry's key is in the table");
-            if let Some(&head) = head {
-                let mut prev = head;
-                while prev != NIL && entries[prev as usize].next_dup != slot {
-                    prev = entries[prev as usize].next_dup;
+            entries[removed.prev_dup as usize].next_dup = removed.next_dup;
+            if removed.next_dup == NIL {
+                // `slot` was the tail: the head now points at its predecessor.
+                let head = self.find_head(&removed.key, removed.hash);
+                debug_assert!(head.is_some(), "a live entry's key is in the table");
+                if let Some(head) = head {
+                    self.entries[head as usize].prev_dup = removed.prev_dup;
                 }
-                if prev != NIL {
-                    entries[prev as usize].next_dup = removed.next_dup;
-                }
+            } else {
+                entries[removed.next_dup as usize].prev_dup = removed.prev_dup;
             }
         }
-        self.entries[slot as usize].next_dup = NIL;
-        self.vacant.push(slot);
+        let entry = &mut self.entries[slot as usize];
+        entry.block = NIL;
+        entry.prev_dup = NIL;
+        entry.next_dup = NIL;
+        if self.vacant.len() + 1 == self.entries.len() {
+            // The map is empty: start the arena afresh (O(1) for plain data).
+            self.entries.clear();
+            self.vacant.clear();
+        } else {
+            self.vacant.push(slot);
+        }
         removed.key
+    }
+
+    /// Calls `f` with every cached block, then drops every entry. Costs O(entries
+    /// since the map was last empty), not O(blocks of the pool).
+    pub fn drain_blocks(&mut self, mut f: impl FnMut(u32)) {
+        for e in &self.entries {
+            if e.block != NIL {
+                f(e.block);
+            }
+        }
+        self.clear();
     }
 
     /// Drops every entry.
@@ -159,6 +225,9 @@ impl PrefixMap {
             if let Some(flag) = seen.get_mut(slot as usize) {
                 *flag = true;
             }
+            if self.entries.get(slot as usize).is_some_and(|e| e.block != NIL) {
+                problems.push(format!("prefix map: vacant slot {slot} names a block"));
+            }
         }
         for &head in self.table.iter() {
             let key = self.entries[head as usize].key;
@@ -168,6 +237,7 @@ impl PrefixMap {
                 ));
             }
             let mut slot = head;
+            let mut prev = NIL;
             let mut steps = 0;
             while slot != NIL && steps <= self.entries.len() {
                 let entry = &self.entries[slot as usize];
@@ -178,9 +248,15 @@ impl PrefixMap {
                     break;
                 }
                 seen[slot as usize] = true;
-                if entry.key != key {
+                if entry.key != key || entry.hash != self.hasher.hash(&key) {
                     problems.push(format!(
-                        "prefix map: slot {slot} is chained under another key"
+                        "prefix map: slot {slot} is chained under another key or hash"
+                    ));
+                }
+                if slot != head && entry.prev_dup != prev {
+                    problems.push(format!(
+                        "prefix map: slot {slot} links back to {} not {prev}",
+                        entry.prev_dup
                     ));
                 }
                 if block_key_slot(entry.block) != Some(slot) {
@@ -189,8 +265,14 @@ impl PrefixMap {
                         entry.block
                     ));
                 }
+                prev = slot;
                 slot = entry.next_dup;
                 steps += 1;
+            }
+            if self.entries[head as usize].prev_dup != prev {
+                problems.push(format!(
+                    "prefix map: the chain at slot {head} does not point at its tail {prev}"
+                ));
             }
         }
         if let Some(lost) = seen.iter().position(|&s| !s) {
@@ -205,6 +287,7 @@ impl PrefixMap {
 mod tests {
     use super::*;
     use crate::pool::hash_key::BlockHash;
+    use crate::pool::key_hasher::KeyHasher;
 
     fn key(b: u8, group: u32) -> BlockHashKey {
         BlockHashKey::new(BlockHash::new(&[b; 32]).unwrap(), group)
@@ -227,6 +310,62 @@ mod tests {
         assert_eq!(m.get(&key(1, 0)), None);
         assert!(m.is_empty());
         assert_eq!(m.num_keys(), 0);
+    }
+
+    #[test]
+    fn long_chains_keep_insertion_order_under_any_removal_order() {
+        // One key under 2,000 blocks and a second key under 500, removed in a
+        // scrambled order; after each removal the lookup names the oldest survivor
+        // and the structure checks out.
+        let mut m = PrefixMap::with_hasher(KeyHasher::with_seed(9), 16);
+        let mut live: Vec<(u32, u32, u8)> = Vec::new(); // (slot, block, key byte)
+        for block in 0..2_500u32 {
+            let b = if block % 5 == 4 { 2 } else { 1 };
+            live.push((m.insert(key(b, 0), block), block, b));
+        }
+        let mut order: Vec<usize> = (0..live.len()).collect();
+        let mut x = 12345u64;
+        for i in (1..order.len()).rev() {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            order.swap(i, (x >> 33) as usize % (i + 1));
+        }
+        let mut removed = vec![false; live.len()];
+        for (n, &i) in order.iter().enumerate() {
+            let (slot, _, b) = live[i];
+            assert_eq!(m.remove(slot), key(b, 0));
+            removed[i] = true;
+            for kb in [1u8, 2] {
+                let oldest = live
+                    .iter()
+                    .zip(&removed)
+                    .find(|((_, _, k), &r)| *k == kb && !r)
+                    .map(|((_, block, _), _)| *block);
+                assert_eq!(m.get(&key(kb, 0)), oldest);
+            }
+            if n % 97 == 0 {
+                let mut problems = Vec::new();
+                let slots: Vec<Option<u32>> = (0..live.len())
+                    .map(|j| (!removed[j]).then_some(live[j].0))
+                    .collect();
+                m.check(|block| slots[block as usize], &mut problems);
+                assert!(problems.is_empty(), "{problems:?}");
+            }
+        }
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn drain_visits_every_cached_block_once() {
+        let mut m = PrefixMap::new();
+        let s = m.insert(key(1, 0), 5);
+        m.insert(key(1, 0), 6);
+        m.insert(key(2, 0), 7);
+        m.remove(s);
+        let mut seen = Vec::new();
+        m.drain_blocks(|b| seen.push(b));
+        seen.sort_unstable();
+        assert_eq!(seen, vec![6, 7]);
+        assert!(m.is_empty() && m.num_keys() == 0);
     }
 
     #[test]

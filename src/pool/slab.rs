@@ -10,21 +10,44 @@ pub struct BlockMeta {
     /// How many requests hold the block. 0 exactly when the block is in the free queue
     /// (the null block excepted).
     pub ref_cnt: u32,
-    /// Previous block in the free queue, or [`NIL`].
+    /// While free: in the free queue's list, the previous block (or [`NIL`]); on its
+    /// stack, the block's index there. [`NIL`] while in use.
     pub prev: u32,
-    /// Next block in the free queue, or [`NIL`].
+    /// While free: in the free queue's list, the next block (or [`NIL`]); on its
+    /// stack, `STACKED`; in its fresh range, `FRESH` (see `free_queue.rs`). [`NIL`]
+    /// while in use.
     pub next: u32,
     /// The block's entry in the prefix map, or [`NIL`] while it holds no hash.
     pub key_slot: u32,
 }
 
 impl BlockMeta {
-    const EMPTY: Self = Self {
+    /// A block that is in no queue, holds no hash and has count 0 (the null block).
+    pub const EMPTY: Self = Self {
         ref_cnt: 0,
         prev: NIL,
         next: NIL,
         key_slot: NIL,
     };
+
+    /// A free block in the free queue's fresh range: how every block starts.
+    pub const FRESH: Self = Self {
+        ref_cnt: 0,
+        prev: NIL,
+        next: super::free_queue::FRESH,
+        key_slot: NIL,
+    };
+
+    /// A block just allocated: count 1, unlinked, no hash.
+    #[inline]
+    pub const fn in_use() -> Self {
+        Self {
+            ref_cnt: 1,
+            prev: NIL,
+            next: NIL,
+            key_slot: NIL,
+        }
+    }
 
     /// True while the block is in the prefix cache.
     #[inline]
@@ -40,10 +63,10 @@ pub struct Slab {
 }
 
 impl Slab {
-    /// `num_blocks` blocks, unlinked, uncached, with count 0.
+    /// `num_blocks` blocks, all [`BlockMeta::FRESH`]: free, uncached, count 0.
     pub fn new(num_blocks: u32) -> Self {
         Self {
-            metas: vec![BlockMeta::EMPTY; num_blocks as usize],
+            metas: vec![BlockMeta::FRESH; num_blocks as usize],
         }
     }
 
@@ -91,11 +114,9 @@ mod tests {
     }
 
     #[test]
-    fn new_slab_is_empty_and_unlinked() {
+    fn new_slab_is_fresh() {
         let slab = Slab::new(3);
         assert_eq!(slab.len(), 3);
-        assert!(slab
-            .iter()
-            .all(|m| m.ref_cnt == 0 && !m.is_cached() && m.next == NIL));
+        assert!(slab.iter().all(|m| *m == BlockMeta::FRESH && !m.is_cached()));
     }
 }
