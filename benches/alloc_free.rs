@@ -1,7 +1,8 @@
 //! Allocation and freeing in the core, in ns per block.
 //!
 //! - `alloc_free/no_caching`: the serve-random workload's pool work: allocate the 44
-//!   blocks of a 700-token request (block size 16), free them tail first; caching off.
+//!   blocks of a 700-token request (block size 16), free them tail first
+//!   (`free_blocks_reversed`); caching off.
 //! - `alloc_free/evicting`: the same on a pool whose every free block holds a cached
 //!   hash, so each allocated block is first evicted from the prefix cache, then
 //!   re-cached under a new hash and freed (to the tail), keeping the pool full of
@@ -26,8 +27,7 @@ fn no_caching(c: &mut Criterion) {
             ids.clear();
             pool.get_new_blocks(black_box(BLOCKS_PER_REQUEST), &mut ids)
                 .unwrap();
-            ids.reverse();
-            pool.free_blocks(black_box(&ids)).unwrap();
+            pool.free_blocks_reversed(black_box(&ids)).unwrap();
         })
     });
     group.finish();

@@ -12,7 +12,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::convert::{
     extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
-    opt_int_arg, opt_str_arg, type_name,
+    opt_int_arg, opt_str_arg, type_name, with_scratch,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
@@ -147,9 +147,10 @@ impl PyBlockPool {
         num_blocks: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let n = int_arg(num_blocks, "num_blocks", 0, i64::MAX)? as usize;
-        let mut out = Vec::with_capacity(n.min(1 << 20));
-        self.pool().get_new_blocks(n, &mut out).py_err(py)?;
-        Ok(ids_to_numpy(py, &out))
+        with_scratch(|out| {
+            self.pool().get_new_blocks(n, out).py_err(py)?;
+            Ok(ids_to_numpy(py, out))
+        })
     }
 
     /// Allocate for several requests in one call: ``counts[i]`` blocks for request ``i``.
@@ -184,12 +185,25 @@ impl PyBlockPool {
     }
 
     /// Drop one reference to each block, in the order given (pass a request's blocks
-    /// tail first). Blocks reaching 0 rejoin the free queue: uncached ones at the head,
+    /// tail first), or from the last to the first with ``reverse=True`` (pass them in
+    /// table order). Blocks reaching 0 rejoin the free queue: uncached ones at the head,
     /// cached ones at the tail. Raises ``DoubleFreeError`` (nothing freed) if a count
     /// would go below 0.
-    fn free_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    #[pyo3(signature = (block_ids, *, reverse=None))]
+    fn free_blocks(
+        &self,
+        py: Python<'_>,
+        block_ids: &Bound<'_, PyAny>,
+        reverse: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let reverse = opt_bool_arg(reverse, "reverse", false)?;
         let ids = self.ids(block_ids)?;
-        self.pool().free_blocks(&ids).py_err(py)
+        let mut pool = self.pool();
+        if reverse {
+            pool.free_blocks_reversed(&ids).py_err(py)
+        } else {
+            pool.free_blocks(&ids).py_err(py)
+        }
     }
 
     /// Free several requests' blocks in one call, all or nothing.

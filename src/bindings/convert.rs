@@ -168,24 +168,44 @@ fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -
 
 /// Block ids from `obj`, appended to `out`; a negative or too large id is an
 /// `InvalidBlockIdError` (the pool checks the upper bound of its own range).
+///
+/// The int32 arrays kvpool hands out, and views of them such as `ids[::-1]`, are
+/// copied once with no borrow tracking and checked in one pass; other inputs go
+/// through [`extract_i64s`].
 pub fn extract_block_ids(
     obj: &Bound<'_, PyAny>,
     num_blocks: u32,
     out: &mut Vec<u32>,
 ) -> PyResult<()> {
-    // Fast path: the int32 arrays kvpool itself hands out.
     if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
-        if let Ok(ro) = arr.try_readonly() {
-            if let Ok(s) = ro.as_slice() {
-                out.reserve(s.len());
-                for &v in s {
-                    if v < 0 || v as u32 >= num_blocks {
-                        return Err(invalid_id(obj.py(), v as i64, num_blocks));
-                    }
-                    out.push(v as u32);
+        if arr.is_aligned() {
+            if out.is_empty() {
+                if let Ok(v) = arr.to_vec() {
+                    check_ids(obj.py(), &v, num_blocks)?;
+                    *out = bytemuck::allocation::cast_vec(v);
+                    return Ok(());
                 }
-                return Ok(());
             }
+            // A strided view (a reversed one among them): one copy, then the ids in
+            // logical order.
+            let owned = arr.to_owned_array();
+            let start = out.len();
+            match (owned.as_slice_memory_order(), owned.strides().first()) {
+                (Some(mem), Some(&stride)) if stride < 0 => {
+                    check_ids(obj.py(), mem, num_blocks)?;
+                    out.extend(mem.iter().rev().map(|&v| v as u32));
+                }
+                _ => {
+                    for &v in owned.iter() {
+                        if v < 0 || v as u32 >= num_blocks {
+                            out.truncate(start);
+                            return Err(invalid_id(obj.py(), v as i64, num_blocks));
+                        }
+                        out.push(v as u32);
+                    }
+                }
+            }
+            return Ok(());
         }
     }
     let mut wide = Vec::new();
@@ -200,6 +220,24 @@ pub fn extract_block_ids(
     Ok(())
 }
 
+/// Fails on the first id outside `0..num_blocks`.
+#[inline]
+fn check_ids(py: Python<'_>, ids: &[i32], num_blocks: u32) -> PyResult<()> {
+    // One branch-free pass over the ids; the position is looked up only on failure.
+    let ok = ids
+        .iter()
+        .fold(true, |ok, &v| ok & ((v as u32) < num_blocks));
+    if ok {
+        return Ok(());
+    }
+    let bad = ids
+        .iter()
+        .copied()
+        .find(|&v| v < 0 || v as u32 >= num_blocks)
+        .unwrap_or_default();
+    Err(invalid_id(py, bad as i64, num_blocks))
+}
+
 fn invalid_id(py: Python<'_>, id: i64, num_blocks: u32) -> PyErr {
     error(
         py,
@@ -208,9 +246,27 @@ fn invalid_id(py: Python<'_>, id: i64, num_blocks: u32) -> PyErr {
     )
 }
 
-/// Block ids out: a fresh numpy `int32` array.
+thread_local! {
+    /// A per-thread buffer for block ids on their way out, so a call allocates only
+    /// the numpy array it returns.
+    static SCRATCH: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Calls `f` with an empty id buffer reused across calls on this thread. Re-entrant:
+/// a nested call (from code `f` runs) gets a buffer of its own.
+pub fn with_scratch<R>(f: impl FnOnce(&mut Vec<u32>) -> R) -> R {
+    let mut buf = SCRATCH.take();
+    buf.clear();
+    let result = f(&mut buf);
+    if buf.capacity() <= 1 << 16 {
+        SCRATCH.set(buf);
+    }
+    result
+}
+
+/// Block ids out: a fresh numpy `int32` array, one memcpy (ids are below 2^31).
 pub fn ids_to_numpy<'py>(py: Python<'py>, ids: &[u32]) -> Bound<'py, PyArray1<i32>> {
-    PyArray1::from_iter(py, ids.iter().map(|&id| id as i32))
+    PyArray1::from_slice(py, bytemuck::cast_slice::<u32, i32>(ids))
 }
 
 /// Hashes from a `BlockHashList`, a sequence of `bytes` of one width, or a numpy

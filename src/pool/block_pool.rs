@@ -110,16 +110,11 @@ pub struct BlockPool {
     pub(super) slab: Slab,
     pub(super) queue: FreeQueue,
     pub(super) map: PrefixMap,
-    events: Vec<PoolEvent>,
+    pub(super) events: Vec<PoolEvent>,
     pub(super) hash_width: Option<usize>,
-    /// Blocks of one `free_blocks` call that reached 0: uncached ones (to the head).
-    to_head: Vec<u32>,
-    /// ... and cached ones (to the tail).
-    to_tail: Vec<u32>,
-    /// For `free_blocks_many`: where each segment ends in the id sequence ...
-    segment_ends: Vec<usize>,
-    /// ... and the lengths of `to_head` / `to_tail` at that point.
-    segment_marks: Vec<(usize, usize)>,
+    /// Cached blocks of one free call that reached 0, bound for the tail
+    /// (`release.rs`).
+    pub(super) to_tail: Vec<u32>,
 }
 
 impl BlockPool {
@@ -161,10 +156,7 @@ impl BlockPool {
             queue,
             map: PrefixMap::with_hasher(KeyHasher::process(), reserved_keys),
             events: Vec::new(),
-            to_head: Vec::new(),
             to_tail: Vec::new(),
-            segment_ends: Vec::new(),
-            segment_marks: Vec::new(),
         })
     }
 
@@ -197,6 +189,10 @@ impl BlockPool {
     #[inline]
     pub fn check_ids(&self, ids: &[u32]) -> PoolResult<()> {
         let n = self.config.num_blocks;
+        // A branch-free pass (it vectorizes); the culprit is looked up only on failure.
+        if ids.iter().fold(true, |ok, &id| ok & (id < n)) {
+            return Ok(());
+        }
         match ids.iter().find(|&&id| id >= n) {
             Some(&id) => Err(PoolError::InvalidBlockId {
                 block_id: id as i64,
@@ -279,108 +275,6 @@ impl BlockPool {
             offsets.push(out.len());
         }
         Ok(())
-    }
-
-    // ------------------------------------------------------------ freeing
-
-    /// Drops one reference to each block, in the order given (callers pass a
-    /// request's blocks tail first). Blocks reaching 0 go to the free queue:
-    /// uncached ones to the head (reused first), cached ones to the tail (evicted
-    /// last), each group in the order given. The null block is skipped.
-    pub fn free_blocks(&mut self, ids: &[u32]) -> PoolResult<()> {
-        self.check_ids(ids)?;
-        self.segment_ends.clear();
-        self.release(ids.iter().copied())?;
-        self.enqueue_released();
-        Ok(())
-    }
-
-    /// Frees several requests' blocks at once: segment `i` is
-    /// `flat[offsets[i]..offsets[i + 1]]`, reversed first when `reverse`. The same as
-    /// `free_blocks` on each segment in turn, but all or nothing.
-    pub fn free_blocks_many(
-        &mut self,
-        flat: &[u32],
-        offsets: &[usize],
-        reverse: bool,
-    ) -> PoolResult<()> {
-        check_offsets(offsets, flat.len())?;
-        self.check_ids(flat)?;
-        self.segment_ends.clear();
-        self.segment_ends.extend(offsets[1..].iter().copied());
-        let segments = offsets.windows(2).map(|w| &flat[w[0]..w[1]]);
-        if reverse {
-            self.release(segments.flat_map(|s| s.iter().rev().copied()))?;
-        } else {
-            self.release(segments.flat_map(|s| s.iter().copied()))?;
-        }
-        self.enqueue_released();
-        Ok(())
-    }
-
-    /// Decrements counts in order, collecting blocks that reach 0 into `to_head` /
-    /// `to_tail`, and, when `segment_ends` (positions in the id sequence) is set, the
-    /// lengths of both lists at each segment's end into `segment_marks`. On a double
-    /// free, restores every count it changed.
-    fn release(&mut self, ids: impl Iterator<Item = u32> + Clone) -> PoolResult<()> {
-        self.to_head.clear();
-        self.to_tail.clear();
-        self.segment_marks.clear();
-        let caching = self.config.enable_caching;
-        let mut next_end = 0;
-        for (done, id) in ids.clone().enumerate() {
-            while self.segment_ends.get(next_end) == Some(&done) {
-                self.segment_marks
-                    .push((self.to_head.len(), self.to_tail.len()));
-                next_end += 1;
-            }
-            if self.is_null(id) {
-                continue;
-            }
-            let meta = self.slab.get_mut(id);
-            if meta.ref_cnt == 0 {
-                for undo in ids.take(done) {
-                    if !self.is_null(undo) {
-                        self.slab.get_mut(undo).ref_cnt += 1;
-                    }
-                }
-                self.to_head.clear();
-                self.to_tail.clear();
-                return Err(PoolError::DoubleFree { block_id: id });
-            }
-            meta.ref_cnt -= 1;
-            if meta.ref_cnt == 0 {
-                if caching && meta.is_cached() {
-                    self.to_tail.push(id);
-                } else {
-                    self.to_head.push(id);
-                }
-            }
-        }
-        while next_end < self.segment_ends.len() {
-            self.segment_marks
-                .push((self.to_head.len(), self.to_tail.len()));
-            next_end += 1;
-        }
-        Ok(())
-    }
-
-    /// Queues what `release` collected: per segment (or all at once), uncached
-    /// blocks to the head, cached ones to the tail, as `free_blocks` would.
-    fn enqueue_released(&mut self) {
-        if self.segment_marks.is_empty() {
-            self.queue.push_front_n(&mut self.slab, &self.to_head);
-            self.queue.push_back_n(&mut self.slab, &self.to_tail);
-            return;
-        }
-        let (mut head_start, mut tail_start) = (0, 0);
-        for &(head_end, tail_end) in &self.segment_marks {
-            self.queue
-                .push_front_n(&mut self.slab, &self.to_head[head_start..head_end]);
-            self.queue
-                .push_back_n(&mut self.slab, &self.to_tail[tail_start..tail_end]);
-            (head_start, tail_start) = (head_end, tail_end);
-        }
     }
 
     /// Takes a reference to each block (a prefix-cache hit reused by a request):

@@ -31,6 +31,15 @@ pub const FRESH: u32 = NIL - 2;
 /// Tombstones tolerated beyond the live entries before the stack is compacted.
 const TOMBSTONE_SLACK: usize = 64;
 
+/// Room opened at the head of the queue by [`FreeQueue::reserve_front`].
+#[derive(Debug)]
+#[must_use = "a batch is committed with finish_front or dropped with abandon_front"]
+pub struct FrontBatch {
+    base: usize,
+    end: usize,
+    next: usize,
+}
+
 /// Where a free block sits in the queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Place {
@@ -144,9 +153,10 @@ impl FreeQueue {
             if self.stack.len() == self.stack_live as usize {
                 // No tombstones: the top `take` entries, top first.
                 let start = self.stack.len() - take;
-                for &id in self.stack[start..].iter().rev() {
+                let popped = &self.stack[start..];
+                out.extend(popped.iter().rev());
+                for &id in popped {
                     *slab.get_mut(id) = in_use;
-                    out.push(id);
                 }
                 self.stack.truncate(start);
             } else {
@@ -201,6 +211,69 @@ impl FreeQueue {
             self.list_len -= left as u32;
         }
         from_list
+    }
+
+    /// Opens room for up to `max` uncached blocks at the head, put there one by one
+    /// with [`put_front`](Self::put_front) (the first put becomes the head) and
+    /// committed by [`finish_front`](Self::finish_front) or dropped by
+    /// [`abandon_front`](Self::abandon_front). This is how a free call queues its
+    /// blocks in the same pass that drops their counts.
+    #[inline]
+    pub fn reserve_front(&mut self, max: usize) -> FrontBatch {
+        let base = self.stack.len();
+        self.stack.resize(base + max, NIL);
+        FrontBatch {
+            base,
+            end: base + max,
+            next: base + max,
+        }
+    }
+
+    /// Puts block `id`, uncached and just released (whose metadata is `meta`), below
+    /// the ones already put in `batch`, leaving it free with count 0. At most the
+    /// batch's `max` blocks may be put.
+    #[inline(always)]
+    pub fn put_front(&mut self, batch: &mut FrontBatch, meta: &mut BlockMeta, id: u32) {
+        batch.next -= 1;
+        self.stack[batch.next] = id;
+        *meta = BlockMeta {
+            ref_cnt: 0,
+            prev: batch.next as u32,
+            next: STACKED,
+            key_slot: NIL,
+        };
+    }
+
+    /// Commits `batch`: its blocks are now the head of the queue, the first put on top.
+    pub fn finish_front(&mut self, slab: &mut Slab, batch: FrontBatch) {
+        let FrontBatch { base, end, next } = batch;
+        let put = end - next;
+        if next > base {
+            // Fewer blocks than reserved: move them down onto the stack.
+            self.stack.copy_within(next..end, base);
+            for index in base..base + put {
+                slab.get_mut(self.stack[index]).prev = index as u32;
+            }
+        }
+        self.stack.truncate(base + put);
+        self.stack_live += put as u32;
+    }
+
+    /// Drops `batch` and every block put in it; the caller restores their metadata.
+    pub fn abandon_front(&mut self, batch: FrontBatch) {
+        self.stack.truncate(batch.base);
+    }
+
+    /// The stack's state, to [`rewind_front`](Self::rewind_front) to.
+    pub fn front_mark(&self) -> (usize, u32) {
+        (self.stack.len(), self.stack_live)
+    }
+
+    /// Drops every block committed at the head since `mark` was taken (with no
+    /// other change to the queue in between); the caller restores their metadata.
+    pub fn rewind_front(&mut self, mark: (usize, u32)) {
+        self.stack.truncate(mark.0);
+        self.stack_live = mark.1;
     }
 
     /// Puts uncached blocks at the head, in the order given: `ids[0]` becomes the head.

@@ -14,6 +14,7 @@ mod invariants;
 mod key_hasher;
 mod manager;
 mod prefix_map;
+mod release;
 mod request_id;
 mod slab;
 mod stats;

@@ -93,6 +93,12 @@ impl Slab {
         &mut self.metas[id as usize]
     }
 
+    /// All metadata, indexed by block id, mutably (for tight loops).
+    #[inline]
+    pub fn as_mut_slice(&mut self) -> &mut [BlockMeta] {
+        &mut self.metas
+    }
+
     /// All metadata in block-id order.
     pub fn iter(&self) -> impl Iterator<Item = &BlockMeta> {
         self.metas.iter()
