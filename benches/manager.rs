@@ -10,6 +10,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvpool::pool::{
+    TokenIds,
     KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepOutcome, StepRequest,
 };
 
@@ -22,7 +23,7 @@ fn manager_with(caching: bool, prompts: &[Vec<i64>], ids: &[RequestId]) -> KVCac
     for (id, p) in ids.iter().zip(prompts) {
         m.add_request(
             id.clone(),
-            p,
+            TokenIds::Values(p),
             SequenceExtras::default(),
             LoraInfo::default(),
         )
@@ -43,7 +44,7 @@ fn serve(m: &mut KVCacheManager, ids: &[RequestId]) {
         .collect();
     m.schedule_step(&prefill, false, &mut out).unwrap();
     for id in ids {
-        m.append_token_ids(id, &[1]).unwrap();
+        m.append_token_ids(id, TokenIds::Values(&[1])).unwrap();
     }
     let decode: Vec<StepRequest<'_>> = ids
         .iter()
@@ -90,7 +91,7 @@ fn bench(c: &mut Criterion) {
                 for (id, p) in ids.iter().zip(&shared) {
                     m.add_request(
                         id.clone(),
-                        p,
+                        TokenIds::Values(p),
                         SequenceExtras::default(),
                         LoraInfo::default(),
                     )

@@ -2,6 +2,7 @@
 //! `schedule_step` gives exactly what the one-by-one calls give.
 
 use kvpool::pool::{
+    TokenIds,
     KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepOutcome, StepRequest,
 };
 use proptest::prelude::*;
@@ -16,7 +17,7 @@ fn add(m: &mut KVCacheManager, id: i64, tokens: &[i64]) -> RequestId {
     let id = RequestId::Int(id);
     m.add_request(
         id.clone(),
-        tokens,
+        TokenIds::Values(tokens),
         SequenceExtras::default(),
         LoraInfo::default(),
     )
@@ -69,7 +70,7 @@ fn a_failed_allocation_changes_nothing_and_preemption_restarts() {
     let a = add(&mut m, 1, &(0..16).collect::<Vec<_>>());
     let mut out = Vec::new();
     assert_eq!(one_by_one(&mut m, &a, 100, &mut out), (true, 16, 0));
-    m.append_token_ids(&a, &[99]).unwrap();
+    m.append_token_ids(&a, TokenIds::Values(&[99])).unwrap();
     let free: Vec<u32> = m.pool().free_block_ids().collect();
     assert!(!m.allocate_slots(&a, 1, 0, &[], 0, &mut out).unwrap()); // needs a 5th block
     assert_eq!(m.pool().free_block_ids().collect::<Vec<_>>(), free);
@@ -132,8 +133,8 @@ proptest! {
                 }
                 Op::Decode(i) if !ids.is_empty() => {
                     let id = &ids[i % ids.len()];
-                    stepped.append_token_ids(id, &[7]).unwrap();
-                    single.append_token_ids(id, &[7]).unwrap();
+                    stepped.append_token_ids(id, TokenIds::Values(&[7])).unwrap();
+                    single.append_token_ids(id, TokenIds::Values(&[7])).unwrap();
                 }
                 Op::Free(i) if !ids.is_empty() => {
                     let id = ids.remove(i % ids.len());

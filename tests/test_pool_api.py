@@ -643,3 +643,29 @@ def test_introspection(Pool):
     assert pool.block_hash(np.int64(a[1])) is None
     assert free_ids(pool) == [3, 4]
     assert pool.check_invariants() is None
+
+
+def test_free_reverse_equals_freeing_the_reversed_ids(Pool):
+    import kvpool
+
+    a, b = Pool(16, enable_caching=False), Pool(16, enable_caching=False)
+    for pool in (a, b):
+        pool.get_new_blocks(3)
+    ids_a, ids_b = a.get_new_blocks(5), b.get_new_blocks(5)
+    a.free_blocks(ids_a, reverse=True)
+    b.free_blocks(ids_b[::-1])
+    assert free_ids(a) == free_ids(b)
+    assert free_ids(a)[:5] == ids(ids_a)[::-1]
+    with pytest.raises(kvpool.DtypeError):
+        a.free_blocks(a.get_new_blocks(1), reverse="yes")
+
+
+def test_free_reverse_rolls_back_a_double_free(Pool):
+    import kvpool
+
+    pool = Pool(8, enable_caching=False)
+    held = pool.get_new_blocks(3)
+    before = (free_ids(pool), pool.ref_counts().tolist())
+    with pytest.raises(kvpool.DoubleFreeError):
+        pool.free_blocks(np.concatenate([held, held[:1]]), reverse=True)
+    assert (free_ids(pool), pool.ref_counts().tolist()) == before

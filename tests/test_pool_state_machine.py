@@ -204,7 +204,11 @@ class PoolComparison(RuleBasedStateMachine):
         forward = data.draw(st.sampled_from([False, False, False, True]), label="forward")
         ids = list(request.blocks) if forward else request.blocks[::-1]
         form = data.draw(st.sampled_from(ID_FORMS), label="form")
-        outcome = self.call("free_blocks", as_form(ids, form), expect="ok")
+        if data.draw(st.booleans(), label="reverse=True"):
+            # The same free, the ids given in table order and reversed by the pool.
+            outcome = self.call("free_blocks", as_form(ids[::-1], form), reverse=True, expect="ok")
+        else:
+            outcome = self.call("free_blocks", as_form(ids, form), expect="ok")
         if outcome.ok:
             self.release(ids, [request])
 

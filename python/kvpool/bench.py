@@ -17,7 +17,9 @@ setup function outside the clock, with ``gc.collect()`` before it (:class:`Runne
   (:func:`_python_block_hashes`). Metric: µs per request per phase.
 * ``churn`` (W3): caching on, pool 100,000 blocks: allocate 64, cache them under 64 new hashes,
   free reversed; a first cycle through the pool (no evictions), then a second (every allocation
-  evicts). Metric: ns per block.
+  evicts). Metric: ns per block. The evicting cycle is repeated with other key shapes
+  (:data:`CH_KEY_SHAPES`: SHA-256 digests, 32-byte big- and little-endian integers, one key
+  under every block), each as a list of ``bytes`` for both implementations.
 * ``trace-replay`` (W4): a Mooncake trace (the seeded synthetic one by default), block size 512,
   pool 20,000 blocks, replayed as in :mod:`kvpool.simulate`. Metrics: total seconds,
   requests per second, block hit ratio.
@@ -29,6 +31,7 @@ in :data:`OPTIONAL_VARIANTS` and skipped while the API is missing; they are neve
 from __future__ import annotations
 
 import gc
+import hashlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -324,10 +327,37 @@ def churn(runner: Runner, impl: Impl) -> list[Sample]:
     n = CH_CYCLE * CH_BATCH
     fill = runner.measure(lambda pool: run(pool, first), new_pool)
     evict = runner.measure(lambda pool: run(pool, second), lambda: run(new_pool(), first))
-    return [
+    samples = [
         Sample("first-cycle", "ns_per_block", "time", fill / n),
         Sample("evicting-cycle", "ns_per_block", "time", evict / n),
     ]
+    # The evicting cycle again under key shapes that a weak table hash turns into one long
+    # probe sequence (integers in wide keys) or a long duplicate chain (one key).
+    shape_runner = Runner(max(1, runner.reps // 2))
+    for shape in CH_KEY_SHAPES:
+        keys = [churn_keys(shape, row) for row in ids]
+        evict = shape_runner.measure(lambda pool: run(pool, keys[CH_CYCLE:]),
+                                     lambda: run(new_pool(), keys[:CH_CYCLE]))
+        samples.append(Sample(f"evicting-{shape}", "ns_per_block", "time", evict / n))
+    return samples
+
+
+CH_KEY_SHAPES = ("sha256", "int32-be", "int32-le", "one-key")
+"""Key shapes of the churn's extra rows (the default rows use 8-byte integer ids)."""
+
+
+def churn_keys(shape: str, ids: np.ndarray) -> list[bytes]:
+    """One batch's keys of ``shape`` for the integer ``ids``: SHA-256 digests of them, 32-byte
+    big- or little-endian integers, or one fixed key for every block."""
+    if shape == "sha256":
+        return [hashlib.sha256(int(i).to_bytes(8, "little")).digest() for i in ids]
+    if shape == "int32-be":
+        return [int(i).to_bytes(32, "big") for i in ids]
+    if shape == "int32-le":
+        return [int(i).to_bytes(32, "little") for i in ids]
+    if shape == "one-key":
+        return [b"\x5a" * 32] * len(ids)
+    raise ValueError(f"unknown key shape {shape!r}")
 
 
 TR_POOL, TR_BLOCK_SIZE = 20_000, 512

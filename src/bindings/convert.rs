@@ -423,6 +423,28 @@ pub fn with_i64s<R>(
     Ok(f(&owned))
 }
 
+/// How many token ids `obj` holds, for a caller that reads no values (a manager
+/// without prefix caching): a 1-D numpy integer array, a list or a tuple is only
+/// measured; any other iterable is converted (and so checked) by [`extract_i64s`].
+pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    if let Ok(arr) = obj.cast::<PyUntypedArray>() {
+        let kind = arr.dtype().kind();
+        if arr.ndim() == 1 && (kind == b'i' || kind == b'u') {
+            return Ok(arr.len());
+        }
+        return Err(dtype_error(obj, what));
+    }
+    if let Ok(list) = obj.cast::<PyList>() {
+        return Ok(list.len());
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return Ok(tuple.len());
+    }
+    let mut values = Vec::new();
+    extract_i64s(obj, what, &mut values)?;
+    Ok(values.len())
+}
+
 /// An optional `str` argument; anything but `str` or `None` is a `DtypeError`.
 pub fn opt_str_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
     match obj.filter(|o| !o.is_none()) {

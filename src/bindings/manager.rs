@@ -8,7 +8,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
 
 use super::convert::{
-    extract_block_ids, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
+    count_tokens, extract_block_ids, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
+    opt_int_arg,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
@@ -16,6 +17,7 @@ use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
 use super::requests::{request_id, request_ids};
 use super::tracker::segments;
 use crate::pool::{
+    TokenIds,
     KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, StepOutcome, StepRequest, MAX_BLOCKS,
 };
 
@@ -26,6 +28,8 @@ use crate::pool::{
 pub struct PyKVCacheManager {
     inner: Mutex<KVCacheManager>,
     num_blocks: u32,
+    /// Whether token ids are read (prefix caching on); without, only counts cross.
+    keeps_tokens: bool,
 }
 
 /// What ``schedule_step`` did, per request in the order given.
@@ -124,6 +128,7 @@ impl PyKVCacheManager {
         let num_blocks = config.num_blocks;
         let inner = KVCacheManager::new(config).py_err(py)?;
         Ok(Self {
+            keeps_tokens: inner.keeps_tokens(),
             inner: Mutex::new(inner),
             num_blocks,
         })
@@ -175,16 +180,24 @@ impl PyKVCacheManager {
             id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
             name: extras.lora.as_ref().map(|(name, _)| name.clone()),
         };
+        if !self.keeps_tokens {
+            // No prefix caching: the manager reads only how many tokens there are.
+            let n = count_tokens(prompt_token_ids, "prompt_token_ids")?;
+            return self
+                .manager()
+                .add_request(id, TokenIds::Count(n), extras, lora_info)
+                .py_err(py);
+        }
         let mut tokens = Vec::new();
         extract_i64s(prompt_token_ids, "prompt_token_ids", &mut tokens)?;
         let mut manager = self.manager();
         if tokens.len() > 8192 {
             let m: &mut KVCacheManager = &mut manager;
-            py.detach(|| m.add_request(id, &tokens, extras, lora_info))
+            py.detach(|| m.add_request(id, TokenIds::Values(&tokens), extras, lora_info))
                 .py_err(py)
         } else {
             manager
-                .add_request(id, &tokens, extras, lora_info)
+                .add_request(id, TokenIds::Values(&tokens), extras, lora_info)
                 .py_err(py)
         }
     }
@@ -334,9 +347,18 @@ impl PyKVCacheManager {
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
+        if !self.keeps_tokens {
+            let n = count_tokens(token_ids, "token_ids")?;
+            return self
+                .manager()
+                .append_token_ids(&id, TokenIds::Count(n))
+                .py_err(py);
+        }
         let mut tokens = Vec::new();
         extract_i64s(token_ids, "token_ids", &mut tokens)?;
-        self.manager().append_token_ids(&id, &tokens).py_err(py)
+        self.manager()
+            .append_token_ids(&id, TokenIds::Values(&tokens))
+            .py_err(py)
     }
 
     /// Appends tokens to several requests: segment ``i`` of ``token_ids`` (cut by
@@ -357,9 +379,13 @@ impl PyKVCacheManager {
             manager.num_tokens(id).py_err(py)?;
         }
         for (id, w) in ids.iter().zip(cuts.windows(2)) {
-            manager
-                .append_token_ids(id, &tokens[w[0]..w[1]])
-                .py_err(py)?;
+            let segment = &tokens[w[0]..w[1]];
+            let segment = if self.keeps_tokens {
+                TokenIds::Values(segment)
+            } else {
+                TokenIds::Count(segment.len())
+            };
+            manager.append_token_ids(id, segment).py_err(py)?;
         }
         Ok(())
     }

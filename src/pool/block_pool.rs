@@ -229,8 +229,8 @@ impl BlockPool {
         }
         let from_list = self.queue.take_front_n(&mut self.slab, n, out);
         // Only blocks from the queue's list can still hold a hash.
-        for i in from_list..out.len() {
-            self.drop_key(out[i]);
+        for &id in &out[from_list..] {
+            self.drop_key(id);
         }
         Ok(())
     }

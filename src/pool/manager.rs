@@ -19,7 +19,7 @@ use super::hash_key::HashSlice;
 use super::hashing::HashAlgo;
 use super::request_id::RequestId;
 use super::stats::{PrefixCacheStats, StatsRecorder};
-use super::tracker::{Sequence, SequenceExtras, SequenceHasher};
+use super::tracker::{Sequence, SequenceExtras, SequenceHasher, TokenIds};
 
 /// How a manager is built.
 #[derive(Clone, Debug)]
@@ -176,7 +176,7 @@ impl KVCacheManager {
     pub fn add_request(
         &mut self,
         id: RequestId,
-        prompt: &[i64],
+        prompt: TokenIds<'_>,
         extras: SequenceExtras,
         lora: LoraInfo,
     ) -> PoolResult<()> {
@@ -202,10 +202,17 @@ impl KVCacheManager {
     }
 
     /// Appends generated (or newly known) token ids to a request.
-    pub fn append_token_ids(&mut self, id: &RequestId, tokens: &[i64]) -> PoolResult<()> {
+    pub fn append_token_ids(&mut self, id: &RequestId, tokens: TokenIds<'_>) -> PoolResult<()> {
         let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
-        self.hasher.append_tokens(&mut request.seq, tokens);
+        self.hasher.append_tokens(&mut request.seq, tokens)?;
         Ok(())
+    }
+
+    /// Whether the manager reads token ids: only with prefix caching on. Without it,
+    /// [`add_request`](Self::add_request) and
+    /// [`append_token_ids`](Self::append_token_ids) may be given just a count.
+    pub fn keeps_tokens(&self) -> bool {
+        self.hasher.keeps_tokens()
     }
 
     /// The request's tokens so far.

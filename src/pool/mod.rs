@@ -33,4 +33,4 @@ pub use request_id::RequestId;
 pub use slab::{BlockMeta, Slab, NIL};
 pub use stats::PrefixCacheStats;
 pub use step::{StepOutcome, StepRequest};
-pub use tracker::{ComputedBlocksTracker, Sequence, SequenceExtras, SequenceHasher};
+pub use tracker::{ComputedBlocksTracker, Sequence, SequenceExtras, SequenceHasher, TokenIds};

@@ -79,7 +79,10 @@ impl SequenceExtras {
 /// One tracked sequence: its tokens, its block hashes, its fixed computed count.
 #[derive(Clone, Debug)]
 pub struct Sequence {
+    /// The token ids, kept only while something reads them (see
+    /// [`SequenceHasher::keeps_tokens`]).
     tokens: Vec<i64>,
+    num_tokens: usize,
     num_prompt_tokens: usize,
     hashes: Vec<u8>,
     width: usize,
@@ -90,14 +93,15 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    /// All token ids so far (prompt, then appended tokens).
+    /// All token ids so far (prompt, then appended tokens); empty for a sequence
+    /// that keeps only its count (a manager without prefix caching).
     pub fn tokens(&self) -> &[i64] {
         &self.tokens
     }
 
     /// Number of tokens so far.
     pub fn num_tokens(&self) -> usize {
-        self.tokens.len()
+        self.num_tokens
     }
 
     /// Number of prompt tokens (the tokens given when the sequence was added).
@@ -128,10 +132,10 @@ impl Sequence {
         pool: &BlockPool,
         out: &mut Vec<u32>,
     ) -> PoolResult<usize> {
-        if !pool.config().enable_caching || self.tokens.is_empty() {
+        if !pool.config().enable_caching || self.num_tokens == 0 {
             return Ok(0);
         }
-        let max_blocks = (self.tokens.len() - 1) / self.block_size;
+        let max_blocks = (self.num_tokens - 1) / self.block_size;
         let hits = pool.find_longest_cache_hit(self.block_hashes(), 0, Some(max_blocks), out)?;
         Ok(hits * self.block_size)
     }
@@ -153,6 +157,31 @@ impl Sequence {
     /// function of the tokens).
     pub fn reset(&mut self) {
         self.started_with = None;
+    }
+}
+
+/// Tokens handed to a sequence: their ids, or only how many there are (for a
+/// sequence that keeps no ids, see [`SequenceHasher::keeps_tokens`]).
+#[derive(Clone, Copy, Debug)]
+pub enum TokenIds<'a> {
+    /// The token ids.
+    Values(&'a [i64]),
+    /// A number of tokens whose ids nothing will read.
+    Count(usize),
+}
+
+impl TokenIds<'_> {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        match self {
+            TokenIds::Values(t) => t.len(),
+            TokenIds::Count(n) => *n,
+        }
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -205,15 +234,36 @@ impl SequenceHasher {
         &self.none_hash
     }
 
+    /// Whether sequences keep their token ids: only while blocks are hashed. A
+    /// manager without prefix caching reads nothing but the counts, so its
+    /// sequences keep just those and callers may pass [`TokenIds::Count`].
+    pub fn keeps_tokens(&self) -> bool {
+        self.hashing
+    }
+
     /// A new sequence with its prompt, its full blocks hashed.
-    pub fn new_sequence(&mut self, prompt: &[i64], extras: SequenceExtras) -> PoolResult<Sequence> {
+    pub fn new_sequence(&mut self, prompt: TokenIds<'_>, extras: SequenceExtras) -> PoolResult<Sequence> {
         extras.validate()?;
-        // Room for the tokens a decode adds, so the first appends do not copy the prompt.
-        let mut tokens = Vec::with_capacity(prompt.len() + (prompt.len() / 2).max(64));
-        tokens.extend_from_slice(prompt);
+        let num_prompt_tokens = prompt.len();
+        let tokens = match prompt {
+            TokenIds::Values(prompt) if self.hashing => {
+                // Room for the tokens a decode adds, so the first appends do not copy
+                // the prompt.
+                let mut tokens = Vec::with_capacity(prompt.len() + (prompt.len() / 2).max(64));
+                tokens.extend_from_slice(prompt);
+                tokens
+            }
+            TokenIds::Count(_) if self.hashing => {
+                return Err(PoolError::InvalidArgument(
+                    "a sequence whose blocks are hashed needs its token ids, not a count".into(),
+                ))
+            }
+            _ => Vec::new(),
+        };
         let mut seq = Sequence {
             tokens,
-            num_prompt_tokens: prompt.len(),
+            num_tokens: num_prompt_tokens,
+            num_prompt_tokens,
             hashes: Vec::new(),
             width: self.algo().digest_len(),
             block_size: self.block_size,
@@ -225,10 +275,20 @@ impl SequenceHasher {
     }
 
     /// Appends tokens (a prefill chunk's or decode's) and hashes the blocks they
-    /// fill; returns how many new block hashes there are.
-    pub fn append_tokens(&mut self, seq: &mut Sequence, tokens: &[i64]) -> usize {
-        seq.tokens.extend_from_slice(tokens);
-        self.rehash(seq)
+    /// fill; returns how many new block hashes there are. A count is accepted only
+    /// where [`keeps_tokens`](Self::keeps_tokens) is false.
+    pub fn append_tokens(&mut self, seq: &mut Sequence, tokens: TokenIds<'_>) -> PoolResult<usize> {
+        match tokens {
+            TokenIds::Values(t) if self.hashing => seq.tokens.extend_from_slice(t),
+            TokenIds::Count(_) if self.hashing => {
+                return Err(PoolError::InvalidArgument(
+                    "a sequence whose blocks are hashed needs its token ids, not a count".into(),
+                ))
+            }
+            _ => {}
+        }
+        seq.num_tokens = seq.num_tokens.saturating_add(tokens.len());
+        Ok(self.rehash(seq))
     }
 
     /// Hashes the sequence's full blocks not hashed yet.
@@ -325,7 +385,7 @@ impl ComputedBlocksTracker {
         if self.seqs.contains_key(&id) {
             return Err(PoolError::DuplicateRequest(id.to_string()));
         }
-        let seq = self.hasher.new_sequence(prompt, extras)?;
+        let seq = self.hasher.new_sequence(TokenIds::Values(prompt), extras)?;
         self.seqs.insert(id, seq);
         Ok(())
     }
@@ -337,7 +397,7 @@ impl ComputedBlocksTracker {
             .seqs
             .get_mut(id)
             .ok_or_else(|| PoolError::UnknownRequest(id.to_string()))?;
-        Ok(self.hasher.append_tokens(seq, tokens))
+        self.hasher.append_tokens(seq, TokenIds::Values(tokens))
     }
 
     /// The sequence's block hashes so far (full blocks only).

@@ -280,8 +280,9 @@ class BlockPool:
 
     # -- freeing ------------------------------------------------------------------------------
 
-    def free_blocks(self, block_ids: Any) -> None:
-        """Drop one reference to each block, in the order given (pass a request's blocks reversed).
+    def free_blocks(self, block_ids: Any, *, reverse: bool = False) -> None:
+        """Drop one reference to each block, in the order given (pass a request's blocks reversed),
+        or from the last to the first with ``reverse=True`` (pass them in table order).
 
         Blocks reaching count 0 join the free queue: those without a hash are prepended as a
         group in the order given (the first one freed is reused first), those with a hash are
@@ -289,7 +290,10 @@ class BlockPool:
         ``InvalidBlockIdError`` for an id out of range and ``DoubleFreeError`` if a count would
         go below 0 (duplicates in the call counted); nothing changes then.
         """
+        reverse = as_bool_arg(reverse, "reverse", False)
         ids = as_int_list(block_ids, "block_ids")
+        if reverse:
+            ids = ids[::-1]
         self._check_ids_in_range(ids)
         self._check_can_free([ids])
         self._free_segment(ids)
