@@ -58,7 +58,9 @@ fn be32(v: u128) -> Vec<u8> {
 }
 
 fn keys(shape: &str, first: u64, n: usize) -> (Vec<u8>, usize) {
-    let flat: Vec<u8> = (first..first + n as u64).flat_map(|i| key(shape, i)).collect();
+    let flat: Vec<u8> = (first..first + n as u64)
+        .flat_map(|i| key(shape, i))
+        .collect();
     let width = flat.len() / n;
     (flat, width)
 }
@@ -80,7 +82,15 @@ fn filled_pool(shape: &str) -> (BlockPool, u64) {
     (pool, next)
 }
 
-const SHAPES: [&str; 7] = ["sha256", "int32_be", "int32_le", "int16_be", "int8_be", "strided_be", "one_key"];
+const SHAPES: [&str; 7] = [
+    "sha256",
+    "int32_be",
+    "int32_le",
+    "int16_be",
+    "int8_be",
+    "strided_be",
+    "one_key",
+];
 
 fn churn(c: &mut Criterion) {
     let mut group = c.benchmark_group("key_shapes/churn");
@@ -89,8 +99,9 @@ fn churn(c: &mut Criterion) {
         let (mut pool, mut next) = filled_pool(shape);
         // Keys made ahead, outside the clock; cycled (a key evicted long ago is new again).
         let rounds = 4 * POOL as usize / BATCH;
-        let batches: Vec<(Vec<u8>, usize)> =
-            (0..rounds).map(|r| keys(shape, next + (r * BATCH) as u64, BATCH)).collect();
+        let batches: Vec<(Vec<u8>, usize)> = (0..rounds)
+            .map(|r| keys(shape, next + (r * BATCH) as u64, BATCH))
+            .collect();
         next += (rounds * BATCH) as u64;
         debug_assert!(next > 0);
         let mut ids = Vec::with_capacity(BATCH);
@@ -123,7 +134,9 @@ fn lookup(c: &mut Criterion) {
         group.bench_function(shape, |b| {
             b.iter(|| {
                 hits.clear();
-                let n = pool.find_longest_cache_hit(black_box(slice), 0, None, &mut hits).unwrap();
+                let n = pool
+                    .find_longest_cache_hit(black_box(slice), 0, None, &mut hits)
+                    .unwrap();
                 assert_eq!(n, BATCH);
             })
         });

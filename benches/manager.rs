@@ -10,8 +10,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvpool::pool::{
-    TokenIds,
     KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepOutcome, StepRequest,
+    TokenIds,
 };
 
 const REQUESTS: usize = 100;

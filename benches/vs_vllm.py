@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import importlib.util
 import json
 import os
@@ -52,6 +51,7 @@ from typing import Any
 import numpy as np
 
 import kvpool
+from kvpool.bench import churn_keys as bench_churn_keys
 from kvpool.simulate import replay as kvpool_replay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,25 +166,20 @@ def race_alloc(v: Any, race: Race) -> None:
 
 
 KEY_SHAPES = ("sha256", "int32-be", "int32-le", "int8", "one-key")
+"""``kvpool bench``'s churn key shapes and 8-byte integer ids."""
 
 
 def churn_keys(shape: str, n: int) -> tuple[list[Any], list[Any]]:
-    """``n`` keys of ``shape``, as vLLM and as kvpool take them (one list per 64-block batch)."""
-    if shape == "sha256":
-        keys = [hashlib.sha256(i.to_bytes(8, "little")).digest() for i in range(n)]
-    elif shape == "int32-be":
-        keys = [i.to_bytes(32, "big") for i in range(n)]
-    elif shape == "int32-le":
-        keys = [i.to_bytes(32, "little") for i in range(n)]
-    elif shape == "int8":
-        keys = [i.to_bytes(8, "big") for i in range(n)]
-    else:
-        keys = [b"\x5a" * 32] * n
-    vllm_batches = [keys[i:i + 64] for i in range(0, n, 64)]
-    if shape == "int8":  # kvpool takes integer ids as a numpy array: each is its 8-byte BE form
-        ints = np.arange(n, dtype=np.uint64)
-        return vllm_batches, [ints[i:i + 64] for i in range(0, n, 64)]
-    return vllm_batches, vllm_batches
+    """``n`` keys of ``shape``, as vLLM and as kvpool take them (one list per 64-block batch).
+
+    The shapes are ``kvpool bench``'s (:func:`kvpool.bench.churn_keys`), plus ``int8``: integer
+    ids, a numpy ``uint64`` array for kvpool (each id its 8-byte big-endian form) and those
+    8-byte ``bytes`` for vLLM."""
+    batches = [np.arange(i, min(i + 64, n), dtype=np.uint64) for i in range(0, n, 64)]
+    if shape == "int8":
+        return [[int(i).to_bytes(8, "big") for i in b] for b in batches], batches
+    keys = [bench_churn_keys(shape, b) for b in batches]
+    return keys, keys
 
 
 def race_churn(v: Any, race: Race, shapes: tuple[str, ...] = KEY_SHAPES) -> None:

@@ -2,8 +2,8 @@
 //! `schedule_step` gives exactly what the one-by-one calls give.
 
 use kvpool::pool::{
-    TokenIds,
     KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepOutcome, StepRequest,
+    TokenIds,
 };
 use proptest::prelude::*;
 

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyFloat, PyList, PyString, PyTuple};
 
 use super::errors::{error, ErrorKind};
+use crate::pool::first_out_of_range;
 
 /// `obj` as a Python int in `min..=max`; a non-int is a `DtypeError`, out of range an
 /// `InvalidArgumentError` naming `what`.
@@ -179,31 +180,28 @@ pub fn extract_block_ids(
 ) -> PyResult<()> {
     if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
         if arr.is_aligned() {
-            if out.is_empty() {
-                if let Ok(v) = arr.to_vec() {
-                    check_ids(obj.py(), &v, num_blocks)?;
-                    *out = bytemuck::allocation::cast_vec(v);
-                    return Ok(());
-                }
-            }
-            // A strided view (a reversed one among them): one copy, then the ids in
-            // logical order.
-            let owned = arr.to_owned_array();
             let start = out.len();
-            match (owned.as_slice_memory_order(), owned.strides().first()) {
-                (Some(mem), Some(&stride)) if stride < 0 => {
-                    check_ids(obj.py(), mem, num_blocks)?;
-                    out.extend(mem.iter().rev().map(|&v| v as u32));
-                }
-                _ => {
-                    for &v in owned.iter() {
-                        if v < 0 || v as u32 >= num_blocks {
-                            out.truncate(start);
-                            return Err(invalid_id(obj.py(), v as i64, num_blocks));
+            match arr.to_vec() {
+                Ok(v) if start == 0 => *out = bytemuck::allocation::cast_vec(v),
+                Ok(v) => out.extend(v.iter().map(|&id| id as u32)),
+                Err(_) => {
+                    // A strided view (a reversed one among them): one copy, then the
+                    // ids in logical order.
+                    let owned = arr.to_owned_array();
+                    match (owned.as_slice_memory_order(), owned.strides().first()) {
+                        (Some(mem), Some(&stride)) if stride < 0 => {
+                            out.extend(mem.iter().rev().map(|&id| id as u32))
                         }
-                        out.push(v as u32);
+                        _ => out.extend(owned.iter().map(|&id| id as u32)),
                     }
                 }
+            }
+            // Negative ids wrap to 2^31 and above, so one unsigned bound rejects them
+            // too, whatever the pool's size.
+            let bound = num_blocks.min(1 << 31);
+            if let Some(bad) = first_out_of_range(&out[start..], bound) {
+                out.truncate(start);
+                return Err(invalid_id(obj.py(), bad as i32 as i64, num_blocks));
             }
             return Ok(());
         }
@@ -218,24 +216,6 @@ pub fn extract_block_ids(
         out.push(v as u32);
     }
     Ok(())
-}
-
-/// Fails on the first id outside `0..num_blocks`.
-#[inline]
-fn check_ids(py: Python<'_>, ids: &[i32], num_blocks: u32) -> PyResult<()> {
-    // One branch-free pass over the ids; the position is looked up only on failure.
-    let ok = ids
-        .iter()
-        .fold(true, |ok, &v| ok & ((v as u32) < num_blocks));
-    if ok {
-        return Ok(());
-    }
-    let bad = ids
-        .iter()
-        .copied()
-        .find(|&v| v < 0 || v as u32 >= num_blocks)
-        .unwrap_or_default();
-    Err(invalid_id(py, bad as i64, num_blocks))
 }
 
 fn invalid_id(py: Python<'_>, id: i64, num_blocks: u32) -> PyErr {

@@ -8,8 +8,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
 
 use super::convert::{
-    count_tokens, extract_block_ids, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
-    opt_int_arg,
+    count_tokens, extract_block_ids, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
@@ -17,8 +16,8 @@ use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
 use super::requests::{request_id, request_ids};
 use super::tracker::segments;
 use crate::pool::{
-    TokenIds,
-    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, StepOutcome, StepRequest, MAX_BLOCKS,
+    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, StepOutcome, StepRequest, TokenIds,
+    MAX_BLOCKS,
 };
 
 /// The block manager a scheduler calls per request (vLLM's ``KVCacheManager``
@@ -94,6 +93,21 @@ fn stats_to_py<'py>(py: Python<'py>, stats: &PrefixCacheStats) -> PyResult<Bound
 impl PyKVCacheManager {
     fn manager(&self) -> MutexGuard<'_, KVCacheManager> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Token ids from `obj` as the manager takes them: converted into `buf` with
+    /// prefix caching on, else only counted (nothing reads their values).
+    fn token_ids<'a>(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        what: &str,
+        buf: &'a mut Vec<i64>,
+    ) -> PyResult<TokenIds<'a>> {
+        if !self.keeps_tokens {
+            return Ok(TokenIds::Count(count_tokens(obj, what)?));
+        }
+        extract_i64s(obj, what, buf)?;
+        Ok(TokenIds::Values(buf))
     }
 }
 
@@ -180,24 +194,16 @@ impl PyKVCacheManager {
             id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
             name: extras.lora.as_ref().map(|(name, _)| name.clone()),
         };
-        if !self.keeps_tokens {
-            // No prefix caching: the manager reads only how many tokens there are.
-            let n = count_tokens(prompt_token_ids, "prompt_token_ids")?;
-            return self
-                .manager()
-                .add_request(id, TokenIds::Count(n), extras, lora_info)
-                .py_err(py);
-        }
-        let mut tokens = Vec::new();
-        extract_i64s(prompt_token_ids, "prompt_token_ids", &mut tokens)?;
+        let mut buf = Vec::new();
+        let tokens = self.token_ids(prompt_token_ids, "prompt_token_ids", &mut buf)?;
         let mut manager = self.manager();
         if tokens.len() > 8192 {
             let m: &mut KVCacheManager = &mut manager;
-            py.detach(|| m.add_request(id, TokenIds::Values(&tokens), extras, lora_info))
+            py.detach(|| m.add_request(id, tokens, extras, lora_info))
                 .py_err(py)
         } else {
             manager
-                .add_request(id, TokenIds::Values(&tokens), extras, lora_info)
+                .add_request(id, tokens, extras, lora_info)
                 .py_err(py)
         }
     }
@@ -347,18 +353,9 @@ impl PyKVCacheManager {
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
-        if !self.keeps_tokens {
-            let n = count_tokens(token_ids, "token_ids")?;
-            return self
-                .manager()
-                .append_token_ids(&id, TokenIds::Count(n))
-                .py_err(py);
-        }
-        let mut tokens = Vec::new();
-        extract_i64s(token_ids, "token_ids", &mut tokens)?;
-        self.manager()
-            .append_token_ids(&id, TokenIds::Values(&tokens))
-            .py_err(py)
+        let mut buf = Vec::new();
+        let tokens = self.token_ids(token_ids, "token_ids", &mut buf)?;
+        self.manager().append_token_ids(&id, tokens).py_err(py)
     }
 
     /// Appends tokens to several requests: segment ``i`` of ``token_ids`` (cut by

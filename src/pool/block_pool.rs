@@ -110,7 +110,7 @@ pub struct BlockPool {
     pub(super) slab: Slab,
     pub(super) queue: FreeQueue,
     pub(super) map: PrefixMap,
-    pub(super) events: Vec<PoolEvent>,
+    events: Vec<PoolEvent>,
     pub(super) hash_width: Option<usize>,
     /// Cached blocks of one free call that reached 0, bound for the tail
     /// (`release.rs`).
@@ -189,12 +189,8 @@ impl BlockPool {
     #[inline]
     pub fn check_ids(&self, ids: &[u32]) -> PoolResult<()> {
         let n = self.config.num_blocks;
-        // A branch-free pass (it vectorizes); the culprit is looked up only on failure.
-        if ids.iter().fold(true, |ok, &id| ok & (id < n)) {
-            return Ok(());
-        }
-        match ids.iter().find(|&&id| id >= n) {
-            Some(&id) => Err(PoolError::InvalidBlockId {
+        match first_out_of_range(ids, n) {
+            Some(id) => Err(PoolError::InvalidBlockId {
                 block_id: id as i64,
                 num_blocks: n,
             }),
@@ -522,6 +518,16 @@ impl BlockPool {
         let slot = self.slab.get(id).key_slot;
         Ok((slot != NIL).then(|| *self.map.key_at(slot)))
     }
+}
+
+/// The first id of `ids` that is not below `num_blocks`, if any. One branch-free
+/// pass (it vectorizes); the culprit is looked up only when there is one.
+#[inline]
+pub fn first_out_of_range(ids: &[u32], num_blocks: u32) -> Option<u32> {
+    if ids.iter().fold(true, |ok, &id| ok & (id < num_blocks)) {
+        return None;
+    }
+    ids.iter().copied().find(|&id| id >= num_blocks)
 }
 
 /// Offsets cutting a flat array of `len` items into segments: from 0, non-decreasing,

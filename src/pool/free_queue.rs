@@ -33,11 +33,24 @@ const TOMBSTONE_SLACK: usize = 64;
 
 /// Room opened at the head of the queue by [`FreeQueue::reserve_front`].
 #[derive(Debug)]
-#[must_use = "a batch is committed with finish_front or dropped with abandon_front"]
+#[must_use = "a batch is committed with finish_front or dropped with rewind_front"]
 pub struct FrontBatch {
     base: usize,
     end: usize,
     next: usize,
+}
+
+/// The sizes of the queue's parts, for the invariant walk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueParts {
+    /// Live entries on the stack.
+    pub stack_live: usize,
+    /// Ids still to scan in the fresh range.
+    pub fresh_span: std::ops::Range<u32>,
+    /// Blocks of the fresh range still fresh.
+    pub fresh_live: usize,
+    /// Blocks in the list.
+    pub list_len: usize,
 }
 
 /// Where a free block sits in the queue.
@@ -128,14 +141,14 @@ impl FreeQueue {
         &self.stack
     }
 
-    /// Live entries of the stack, and the fresh range's remaining span and live count.
-    pub fn part_counts(&self) -> (usize, (u32, u32), usize, usize) {
-        (
-            self.stack_live as usize,
-            (self.fresh_next, self.fresh_end),
-            self.fresh_live as usize,
-            self.list_len as usize,
-        )
+    /// How many blocks each part holds, and the fresh range's remaining span.
+    pub fn parts(&self) -> QueueParts {
+        QueueParts {
+            stack_live: self.stack_live as usize,
+            fresh_span: self.fresh_next..self.fresh_end,
+            fresh_live: self.fresh_live as usize,
+            list_len: self.list_len as usize,
+        }
     }
 
     /// Takes `n` blocks from the head (the caller has checked `n <= len`), appends
@@ -215,8 +228,8 @@ impl FreeQueue {
 
     /// Opens room for up to `max` uncached blocks at the head, put there one by one
     /// with [`put_front`](Self::put_front) (the first put becomes the head) and
-    /// committed by [`finish_front`](Self::finish_front) or dropped by
-    /// [`abandon_front`](Self::abandon_front). This is how a free call queues its
+    /// committed by [`finish_front`](Self::finish_front) or dropped, with every batch
+    /// since a mark, by [`rewind_front`](Self::rewind_front). This is how a free call queues its
     /// blocks in the same pass that drops their counts.
     #[inline]
     pub fn reserve_front(&mut self, max: usize) -> FrontBatch {
@@ -259,33 +272,28 @@ impl FreeQueue {
         self.stack_live += put as u32;
     }
 
-    /// Drops `batch` and every block put in it; the caller restores their metadata.
-    pub fn abandon_front(&mut self, batch: FrontBatch) {
-        self.stack.truncate(batch.base);
-    }
-
     /// The stack's state, to [`rewind_front`](Self::rewind_front) to.
     pub fn front_mark(&self) -> (usize, u32) {
         (self.stack.len(), self.stack_live)
     }
 
-    /// Drops every block committed at the head since `mark` was taken (with no
-    /// other change to the queue in between); the caller restores their metadata.
-    pub fn rewind_front(&mut self, mark: (usize, u32)) {
+    /// Drops every block put or committed at the head since `mark` was taken (with
+    /// no other change to the queue in between), the open `batch` included; the
+    /// caller restores their metadata.
+    pub fn rewind_front(&mut self, mark: (usize, u32), batch: FrontBatch) {
+        debug_assert!(batch.base >= mark.0);
         self.stack.truncate(mark.0);
         self.stack_live = mark.1;
     }
 
-    /// Puts uncached blocks at the head, in the order given: `ids[0]` becomes the head.
+    /// Puts uncached, just released blocks at the head, in the order given: `ids[0]`
+    /// becomes the head (a one-batch [`reserve_front`](Self::reserve_front)).
     pub fn push_front_n(&mut self, slab: &mut Slab, ids: &[u32]) {
-        self.stack.reserve(ids.len());
-        for &id in ids.iter().rev() {
-            let meta = slab.get_mut(id);
-            meta.prev = self.stack.len() as u32;
-            meta.next = STACKED;
-            self.stack.push(id);
+        let mut batch = self.reserve_front(ids.len());
+        for &id in ids {
+            self.put_front(&mut batch, slab.get_mut(id), id);
         }
-        self.stack_live += ids.len() as u32;
+        self.finish_front(slab, batch);
     }
 
     /// Appends blocks at the tail of the list, in the order given.

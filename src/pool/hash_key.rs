@@ -51,7 +51,14 @@ impl BlockHash {
         let b = &self.bytes;
         let word = |i: usize| {
             u64::from_le_bytes([
-                b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7],
+                b[i],
+                b[i + 1],
+                b[i + 2],
+                b[i + 3],
+                b[i + 4],
+                b[i + 5],
+                b[i + 6],
+                b[i + 7],
             ])
         };
         [word(0), word(8), word(16), word(24)]

@@ -2,7 +2,7 @@
 //! debugging. It never changes anything and reports every broken invariant.
 
 use super::block_pool::BlockPool;
-use super::free_queue::{Place, FRESH, STACKED};
+use super::free_queue::{Place, QueueParts, FRESH, STACKED};
 use super::slab::NIL;
 
 impl BlockPool {
@@ -91,7 +91,12 @@ impl BlockPool {
     /// hash, the fresh range's count is right, the list links back and ends at its
     /// tail.
     fn check_queue_parts(&self, problems: &mut Vec<String>) {
-        let (stack_live, (fresh_next, fresh_end), fresh_live, list_len) = self.queue.part_counts();
+        let QueueParts {
+            stack_live,
+            fresh_span,
+            fresh_live,
+            list_len,
+        } = self.queue.parts();
         let mut live = 0;
         for (index, &id) in self.queue.stack_entries().iter().enumerate() {
             if id == NIL {
@@ -100,23 +105,31 @@ impl BlockPool {
             live += 1;
             let meta = self.slab.get(id);
             if Place::of(meta) != Place::Stack(index as u32) {
-                problems.push(format!("free queue: stacked block {id} does not know its index {index}"));
+                problems.push(format!(
+                    "free queue: stacked block {id} does not know its index {index}"
+                ));
             }
             if meta.is_cached() {
                 problems.push(format!("free queue: stacked block {id} holds a hash"));
             }
         }
         if live != stack_live {
-            problems.push(format!("free queue: {live} stacked blocks, the count says {stack_live}"));
+            problems.push(format!(
+                "free queue: {live} stacked blocks, the count says {stack_live}"
+            ));
         }
         let mut fresh = 0;
         for (id, meta) in self.slab.iter().enumerate() {
             let id = id as u32;
             match meta.next {
-                FRESH if (fresh_next..fresh_end).contains(&id) => fresh += 1,
-                FRESH => problems.push(format!("free queue: block {id} is fresh outside the fresh range")),
+                FRESH if fresh_span.contains(&id) => fresh += 1,
+                FRESH => problems.push(format!(
+                    "free queue: block {id} is fresh outside the fresh range"
+                )),
                 STACKED if self.queue.stack_entries().get(meta.prev as usize) != Some(&id) => {
-                    problems.push(format!("free queue: block {id} is marked stacked but is not on the stack"))
+                    problems.push(format!(
+                        "free queue: block {id} is marked stacked but is not on the stack"
+                    ))
                 }
                 _ => {}
             }
@@ -125,7 +138,9 @@ impl BlockPool {
             }
         }
         if fresh != fresh_live {
-            problems.push(format!("free queue: {fresh} fresh blocks, the count says {fresh_live}"));
+            problems.push(format!(
+                "free queue: {fresh} fresh blocks, the count says {fresh_live}"
+            ));
         }
         let mut prev = NIL;
         let mut id = self.queue.list_head();
@@ -133,7 +148,10 @@ impl BlockPool {
         while id != NIL && id < self.config.num_blocks && walked <= list_len {
             let meta = self.slab.get(id);
             if meta.prev != prev {
-                problems.push(format!("free queue: block {id} links back to {} not {prev}", meta.prev));
+                problems.push(format!(
+                    "free queue: block {id} links back to {} not {prev}",
+                    meta.prev
+                ));
             }
             prev = id;
             id = meta.next;

@@ -93,7 +93,13 @@ mod tests {
 
     /// `n` keys of `width` bytes holding `first + i * stride`, big- or little-endian,
     /// right-aligned (big-endian) or left-aligned (little-endian) as callers write them.
-    fn int_keys(n: u64, first: u64, stride: u64, width: usize, big_endian: bool) -> Vec<BlockHashKey> {
+    fn int_keys(
+        n: u64,
+        first: u64,
+        stride: u64,
+        width: usize,
+        big_endian: bool,
+    ) -> Vec<BlockHashKey> {
         (0..n)
             .map(|i| {
                 let v = first.wrapping_add(i.wrapping_mul(stride));
@@ -123,12 +129,18 @@ mod tests {
         // the fullest holds about 8. A one-multiply hash of these keys fills 1 bucket.
         let used = buckets.iter().filter(|&&c| c > 0).count();
         let fullest = *buckets.iter().max().unwrap();
-        assert!(used > BUCKETS * 55 / 100, "{what}: only {used} of {BUCKETS} buckets used");
+        assert!(
+            used > BUCKETS * 55 / 100,
+            "{what}: only {used} of {BUCKETS} buckets used"
+        );
         assert!(fullest <= 16, "{what}: a bucket holds {fullest} keys");
         let expected = keys.len() as f64 / 128.0;
         for (tag, &c) in tags.iter().enumerate() {
             let dev = (c as f64 - expected).abs() / expected;
-            assert!(dev < 0.25, "{what}: tag {tag} holds {c} keys, expected about {expected}");
+            assert!(
+                dev < 0.25,
+                "{what}: tag {tag} holds {c} keys, expected about {expected}"
+            );
         }
     }
 
@@ -138,11 +150,16 @@ mod tests {
             let hasher = KeyHasher::with_seed(seed);
             for width in [8, 16, 32] {
                 for big_endian in [true, false] {
-                    for (first, stride) in [(0, 1), (1 << 40, 1), (0, 64), (0, 1 << 32), (7, 4096)] {
+                    for (first, stride) in [(0, 1), (1 << 40, 1), (0, 64), (0, 1 << 32), (7, 4096)]
+                    {
                         let keys = int_keys(1 << 16, first, stride, width, big_endian);
                         let what = format!(
                             "seed {seed}, {width}-byte {} keys from {first} by {stride}",
-                            if big_endian { "big-endian" } else { "little-endian" }
+                            if big_endian {
+                                "big-endian"
+                            } else {
+                                "little-endian"
+                            }
                         );
                         assert_spread(&hasher, &keys, &what);
                     }

@@ -21,13 +21,15 @@ mod stats;
 mod step;
 mod tracker;
 
-pub use block_pool::{check_offsets, BlockPool, CacheBlocks, PoolConfig, MAX_BLOCKS};
+pub use block_pool::{
+    check_offsets, first_out_of_range, BlockPool, CacheBlocks, PoolConfig, MAX_BLOCKS,
+};
 pub use error::{PoolError, PoolResult};
 pub use events::PoolEvent;
-pub use free_queue::FreeQueue;
+pub use free_queue::{FreeQueue, FrontBatch, Place, QueueParts};
 pub use hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
-pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use key_hasher::KeyHasher;
+pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use prefix_map::PrefixMap;
 pub use request_id::RequestId;
 pub use slab::{BlockMeta, Slab, NIL};

@@ -225,7 +225,11 @@ impl PrefixMap {
             if let Some(flag) = seen.get_mut(slot as usize) {
                 *flag = true;
             }
-            if self.entries.get(slot as usize).is_some_and(|e| e.block != NIL) {
+            if self
+                .entries
+                .get(slot as usize)
+                .is_some_and(|e| e.block != NIL)
+            {
                 problems.push(format!("prefix map: vacant slot {slot} names a block"));
             }
         }
@@ -326,7 +330,9 @@ mod tests {
         let mut order: Vec<usize> = (0..live.len()).collect();
         let mut x = 12345u64;
         for i in (1..order.len()).rev() {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             order.swap(i, (x >> 33) as usize % (i + 1));
         }
         let mut removed = vec![false; live.len()];

@@ -57,7 +57,7 @@ impl BlockPool {
                 self.release_segment(segment.iter().copied(), &mut batch)
             };
             if let Err((processed, block_id)) = outcome {
-                self.queue.abandon_front(batch);
+                self.queue.rewind_front(mark, batch);
                 let partial = if reverse {
                     &segment[segment.len() - processed..]
                 } else {
@@ -67,15 +67,12 @@ impl BlockPool {
                 for earlier in segments[..done].iter().rev() {
                     self.restore(earlier);
                 }
-                self.queue.rewind_front(mark);
                 self.to_tail.clear();
                 return Err(PoolError::DoubleFree { block_id });
             }
             self.queue.finish_front(&mut self.slab, batch);
         }
-        let to_tail = std::mem::take(&mut self.to_tail);
-        self.queue.push_back_n(&mut self.slab, &to_tail);
-        self.to_tail = to_tail;
+        self.queue.push_back_n(&mut self.slab, &self.to_tail);
         Ok(())
     }
 

@@ -93,20 +93,9 @@ impl Slab {
         &mut self.metas[id as usize]
     }
 
-    /// All metadata, indexed by block id, mutably (for tight loops).
-    #[inline]
-    pub fn as_mut_slice(&mut self) -> &mut [BlockMeta] {
-        &mut self.metas
-    }
-
     /// All metadata in block-id order.
     pub fn iter(&self) -> impl Iterator<Item = &BlockMeta> {
         self.metas.iter()
-    }
-
-    /// All metadata, mutably.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut BlockMeta> {
-        self.metas.iter_mut()
     }
 }
 
@@ -123,6 +112,8 @@ mod tests {
     fn new_slab_is_fresh() {
         let slab = Slab::new(3);
         assert_eq!(slab.len(), 3);
-        assert!(slab.iter().all(|m| *m == BlockMeta::FRESH && !m.is_cached()));
+        assert!(slab
+            .iter()
+            .all(|m| *m == BlockMeta::FRESH && !m.is_cached()));
     }
 }

@@ -241,24 +241,35 @@ impl SequenceHasher {
         self.hashing
     }
 
+    /// The ids a sequence must keep of `tokens`: all of them while hashing (a bare
+    /// count is then an error), none otherwise.
+    fn ids_to_keep<'a>(&self, tokens: TokenIds<'a>) -> PoolResult<Option<&'a [i64]>> {
+        match tokens {
+            TokenIds::Values(ids) if self.hashing => Ok(Some(ids)),
+            TokenIds::Count(_) if self.hashing => Err(PoolError::InvalidArgument(
+                "a sequence whose blocks are hashed needs its token ids, not a count".into(),
+            )),
+            _ => Ok(None),
+        }
+    }
+
     /// A new sequence with its prompt, its full blocks hashed.
-    pub fn new_sequence(&mut self, prompt: TokenIds<'_>, extras: SequenceExtras) -> PoolResult<Sequence> {
+    pub fn new_sequence(
+        &mut self,
+        prompt: TokenIds<'_>,
+        extras: SequenceExtras,
+    ) -> PoolResult<Sequence> {
         extras.validate()?;
         let num_prompt_tokens = prompt.len();
-        let tokens = match prompt {
-            TokenIds::Values(prompt) if self.hashing => {
-                // Room for the tokens a decode adds, so the first appends do not copy
-                // the prompt.
+        let tokens = match self.ids_to_keep(prompt)? {
+            // Room for the tokens a decode adds, so the first appends do not copy the
+            // prompt.
+            Some(prompt) => {
                 let mut tokens = Vec::with_capacity(prompt.len() + (prompt.len() / 2).max(64));
                 tokens.extend_from_slice(prompt);
                 tokens
             }
-            TokenIds::Count(_) if self.hashing => {
-                return Err(PoolError::InvalidArgument(
-                    "a sequence whose blocks are hashed needs its token ids, not a count".into(),
-                ))
-            }
-            _ => Vec::new(),
+            None => Vec::new(),
         };
         let mut seq = Sequence {
             tokens,
@@ -278,14 +289,8 @@ impl SequenceHasher {
     /// fill; returns how many new block hashes there are. A count is accepted only
     /// where [`keeps_tokens`](Self::keeps_tokens) is false.
     pub fn append_tokens(&mut self, seq: &mut Sequence, tokens: TokenIds<'_>) -> PoolResult<usize> {
-        match tokens {
-            TokenIds::Values(t) if self.hashing => seq.tokens.extend_from_slice(t),
-            TokenIds::Count(_) if self.hashing => {
-                return Err(PoolError::InvalidArgument(
-                    "a sequence whose blocks are hashed needs its token ids, not a count".into(),
-                ))
-            }
-            _ => {}
+        if let Some(ids) = self.ids_to_keep(tokens)? {
+            seq.tokens.extend_from_slice(ids);
         }
         seq.num_tokens = seq.num_tokens.saturating_add(tokens.len());
         Ok(self.rehash(seq))
