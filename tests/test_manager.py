@@ -553,6 +553,46 @@ def test_errors_change_nothing(Manager: Any, case: str, error: type[BaseExceptio
     m.check_invariants()
 
 
+UNCACHED_TOKEN_ERRORS: list[tuple[str, Any]] = [
+    ("a str in the prompt", lambda m: m.add_request("new", [1, "2", 3])),
+    ("a float in the prompt", lambda m: m.add_request("new", (1, 2.5))),
+    ("None in the prompt", lambda m: m.add_request("new", [None])),
+    ("a float array prompt", lambda m: m.add_request("new", np.array([1.0, 2.0]))),
+    ("a 2-D prompt", lambda m: m.add_request("new", np.array([[1, 2]]))),
+    ("a str as the prompt", lambda m: m.add_request("new", "abc")),
+    ("a str among appended tokens", lambda m: m.append_token_ids("a", [1, "x"])),
+    ("a float array appended", lambda m: m.append_token_ids("a", np.array([1.5]))),
+]
+
+
+@pytest.mark.parametrize(("case", "call"), UNCACHED_TOKEN_ERRORS, ids=[c[0] for c in UNCACHED_TOKEN_ERRORS])
+def test_token_ids_are_checked_without_caching(Manager: Any, case: str, call: Any) -> None:
+    """Without prefix caching the manager keeps only token counts, but still rejects
+    token ids that are not integers, changing nothing."""
+    m = Manager(10, 4, enable_caching=False)
+    m.add_request("a", [1, 2, 3])
+    m.allocate_slots("a", 3)
+    before = snapshot(m)
+    with pytest.raises(DtypeError):
+        call(m)
+    assert snapshot(m) == before
+    m.check_invariants()
+
+
+def test_token_counts_without_caching(Manager: Any) -> None:
+    """Every accepted form counts its tokens: lists, tuples, int arrays, numpy scalars."""
+    m = Manager(64, 4, enable_caching=False)
+    m.add_request("list", [5] * 9)
+    m.add_request("tuple", tuple(range(6)))
+    m.add_request("array", np.arange(7, dtype=np.int32))
+    m.add_request("scalars", [np.int64(3), np.int64(4)])
+    m.append_token_ids("list", (1, 2))
+    m.append_token_ids("array", np.array([9], dtype=np.uint8))
+    m.append_token_ids("scalars", [])
+    assert [m.get_num_tokens(r) for r in ("list", "tuple", "array", "scalars")] == [11, 6, 8, 2]
+    assert len(m.allocate_slots("list", 11)) == 3
+
+
 def test_error_classes(Manager: Any) -> None:
     m = Manager(4, 4)
     with pytest.raises(KeyError):

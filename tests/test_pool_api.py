@@ -669,3 +669,24 @@ def test_free_reverse_rolls_back_a_double_free(Pool):
     with pytest.raises(kvpool.DoubleFreeError):
         pool.free_blocks(np.concatenate([held, held[:1]]), reverse=True)
     assert (free_ids(pool), pool.ref_counts().tolist()) == before
+
+
+@pytest.mark.parametrize("bad", [-1, -2, -(2**31)])
+def test_negative_int32_ids_are_rejected_by_every_call(Pool, bad):
+    import kvpool
+
+    pool = Pool(8)
+    held = pool.get_new_blocks(2)
+    before = (free_ids(pool), pool.ref_counts().tolist(), pool.get_num_cached_blocks())
+    ids32 = np.array([int(held[0]), bad], dtype=np.int32)
+    calls = [
+        lambda: pool.free_blocks(ids32),
+        lambda: pool.free_blocks(ids32, reverse=True),
+        lambda: pool.free_blocks(ids32[::-1]),
+        lambda: pool.touch(ids32),
+        lambda: pool.cache_full_blocks(ids32, [b"h" * 8, b"i" * 8], 0, 2),
+    ]
+    for call in calls:
+        with pytest.raises(kvpool.InvalidBlockIdError, match=str(bad)):
+            call()
+        assert (free_ids(pool), pool.ref_counts().tolist(), pool.get_num_cached_blocks()) == before

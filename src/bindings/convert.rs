@@ -9,7 +9,7 @@ use numpy::{
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyFloat, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use super::errors::{error, ErrorKind};
 use crate::pool::first_out_of_range;
@@ -404,8 +404,10 @@ pub fn with_i64s<R>(
 }
 
 /// How many token ids `obj` holds, for a caller that reads no values (a manager
-/// without prefix caching): a 1-D numpy integer array, a list or a tuple is only
-/// measured; any other iterable is converted (and so checked) by [`extract_i64s`].
+/// without prefix caching). A 1-D numpy integer array is only measured, a list or
+/// tuple of plain `int`s only type-checked; anything else (numpy scalars, floats,
+/// other iterables) is converted, and so checked, by [`extract_i64s`]. Plain ints
+/// are not range-checked here: their values are never read.
 pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         let kind = arr.dtype().kind();
@@ -414,11 +416,15 @@ pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
         }
         return Err(dtype_error(obj, what));
     }
-    if let Ok(list) = obj.cast::<PyList>() {
-        return Ok(list.len());
-    }
-    if let Ok(tuple) = obj.cast::<PyTuple>() {
-        return Ok(tuple.len());
+    let all_ints = if let Ok(list) = obj.cast::<PyList>() {
+        list.iter().all(|item| item.is_exact_instance_of::<PyInt>())
+    } else if let Ok(tuple) = obj.cast::<PyTuple>() {
+        tuple.iter().all(|item| item.is_exact_instance_of::<PyInt>())
+    } else {
+        false
+    };
+    if all_ints {
+        return obj.len();
     }
     let mut values = Vec::new();
     extract_i64s(obj, what, &mut values)?;
