@@ -4,7 +4,7 @@
 //! takes the lock once, calls the core, and converts the result. Block ids leave as
 //! numpy `int32` arrays; no Python object is created per block.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
@@ -17,6 +17,7 @@ use super::convert::{
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
 use super::hashing::hash_slice_of;
+use super::locking::with_lock;
 use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
 
 /// Block ids of several requests back to back, and where each request's start.
@@ -33,12 +34,14 @@ pub struct PyBlockPool {
 }
 
 impl PyBlockPool {
-    /// The core pool; a poisoned lock is taken over (the core never panics midway).
+    /// Runs `f` on the core pool under its lock (`locking.rs`); `f` returns plain data.
     #[inline]
-    pub(crate) fn pool(&self) -> MutexGuard<'_, pool::BlockPool> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub(crate) fn with_pool<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut pool::BlockPool) -> R,
+    ) -> R {
+        with_lock(py, &self.inner, f)
     }
 
     fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -133,8 +136,8 @@ impl PyBlockPool {
 
     /// Width of the pool's block hashes in bytes, None until the first cached hash fixes it.
     #[getter]
-    fn hash_width(&self) -> Option<usize> {
-        self.pool().hash_width()
+    fn hash_width(&self, py: Python<'_>) -> Option<usize> {
+        self.with_pool(py, |pool| pool.hash_width())
     }
 
     /// Allocate ``num_blocks`` blocks from the head of the free queue.
@@ -148,7 +151,8 @@ impl PyBlockPool {
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let n = int_arg(num_blocks, "num_blocks", 0, i64::MAX)? as usize;
         with_scratch(|out| {
-            self.pool().get_new_blocks(n, out).py_err(py)?;
+            self.with_pool(py, |pool| pool.get_new_blocks(n, out))
+                .py_err(py)?;
             Ok(ids_to_numpy(py, out))
         })
     }
@@ -177,9 +181,10 @@ impl PyBlockPool {
         }
         let mut out = Vec::new();
         let mut offsets = Vec::new();
-        self.pool()
-            .get_new_blocks_many(&wanted, &mut out, &mut offsets)
-            .py_err(py)?;
+        self.with_pool(py, |pool| {
+            pool.get_new_blocks_many(&wanted, &mut out, &mut offsets)
+        })
+        .py_err(py)?;
         let offsets = PyArray1::from_iter(py, offsets.into_iter().map(|o| o as i64));
         Ok((ids_to_numpy(py, &out), offsets))
     }
@@ -198,12 +203,14 @@ impl PyBlockPool {
     ) -> PyResult<()> {
         let reverse = opt_bool_arg(reverse, "reverse", false)?;
         let ids = self.ids(block_ids)?;
-        let mut pool = self.pool();
-        if reverse {
-            pool.free_blocks_reversed(&ids).py_err(py)
-        } else {
-            pool.free_blocks(&ids).py_err(py)
-        }
+        self.with_pool(py, |pool| {
+            if reverse {
+                pool.free_blocks_reversed(&ids)
+            } else {
+                pool.free_blocks(&ids)
+            }
+        })
+        .py_err(py)
     }
 
     /// Free several requests' blocks in one call, all or nothing.
@@ -249,8 +256,7 @@ impl PyBlockPool {
                 }
             }
         }
-        self.pool()
-            .free_blocks_many(&flat, &cuts, reverse)
+        self.with_pool(py, |pool| pool.free_blocks_many(&flat, &cuts, reverse))
             .py_err(py)
     }
 
@@ -258,7 +264,7 @@ impl PyBlockPool {
     /// free queue. The null block is skipped.
     fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self.ids(block_ids)?;
-        self.pool().touch(&ids).py_err(py)
+        self.with_pool(py, |pool| pool.touch(&ids)).py_err(py)
     }
 
     /// Enter a request's newly full blocks into the prefix cache.
@@ -316,7 +322,8 @@ impl PyBlockPool {
             lora_id,
             lora_name: lora_name.as_deref(),
         };
-        self.pool().cache_full_blocks(call).py_err(py)
+        self.with_pool(py, |pool| pool.cache_full_blocks(call))
+            .py_err(py)
     }
 
     /// The block cached under ``block_hash`` in ``group_id`` (the first one inserted), or None.
@@ -331,15 +338,14 @@ impl PyBlockPool {
     ) -> PyResult<Option<u32>> {
         let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
         if let Ok(hash) = block_hash.cast::<PyBytes>() {
+            let hash = hash.as_bytes();
             return self
-                .pool()
-                .get_cached_block(hash.as_bytes(), group)
+                .with_pool(py, |pool| pool.get_cached_block(hash, group))
                 .py_err(py);
         }
         match block_hash.extract::<u64>() {
             Ok(id) if !block_hash.is_instance_of::<pyo3::types::PyBool>() => self
-                .pool()
-                .get_cached_block(&id.to_be_bytes(), group)
+                .with_pool(py, |pool| pool.get_cached_block(&id.to_be_bytes(), group))
                 .py_err(py),
             _ => Err(error(
                 py,
@@ -366,64 +372,66 @@ impl PyBlockPool {
         let max_blocks = opt_int_arg(max_blocks, "max_blocks", 0, i64::MAX)?.map(|m| m as usize);
         let hashes = FlatHashes::extract(block_hashes)?;
         let mut out = Vec::new();
-        self.pool()
-            .find_longest_cache_hit(hashes.slice(), group, max_blocks, &mut out)
-            .py_err(py)?;
+        self.with_pool(py, |pool| {
+            pool.find_longest_cache_hit(hashes.slice(), group, max_blocks, &mut out)
+        })
+        .py_err(py)?;
         Ok(ids_to_numpy(py, &out))
     }
 
     /// Drop the cached hash of each block, in use or not; frees nothing.
     fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self.ids(block_ids)?;
-        self.pool().evict_blocks(&ids).py_err(py)
+        self.with_pool(py, |pool| pool.evict_blocks(&ids))
+            .py_err(py)
     }
 
     /// Clear the whole prefix cache. Refused (returns False, nothing changes) while any
     /// block is in use.
-    fn reset_prefix_cache(&self) -> bool {
-        self.pool().reset_prefix_cache()
+    fn reset_prefix_cache(&self, py: Python<'_>) -> bool {
+        self.with_pool(py, |pool| pool.reset_prefix_cache())
     }
 
     /// Number of blocks in the free queue.
-    fn get_num_free_blocks(&self) -> usize {
-        self.pool().num_free_blocks()
+    fn get_num_free_blocks(&self, py: Python<'_>) -> usize {
+        self.with_pool(py, |pool| pool.num_free_blocks())
     }
 
     /// Number of blocks holding a cached hash.
-    fn get_num_cached_blocks(&self) -> usize {
-        self.pool().num_cached_blocks()
+    fn get_num_cached_blocks(&self, py: Python<'_>) -> usize {
+        self.with_pool(py, |pool| pool.num_cached_blocks())
     }
 
     /// Fraction of usable blocks in use (the null block not counted).
-    fn get_usage(&self) -> f64 {
-        self.pool().usage()
+    fn get_usage(&self, py: Python<'_>) -> f64 {
+        self.with_pool(py, |pool| pool.usage())
     }
 
     /// The queued KV-cache events, oldest first; the queue is emptied.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let events = self.pool().take_events();
+        let events = self.with_pool(py, |pool| pool.take_events());
         events_to_py(py, events)
     }
 
     /// The free queue's block ids, head (next to be reused) to tail.
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let ids: Vec<u32> = self.pool().free_block_ids().collect();
+        let ids: Vec<u32> = self.with_pool(py, |pool| pool.free_block_ids().collect());
         ids_to_numpy(py, &ids)
     }
 
     /// Block ``block_id``'s reference count.
     fn ref_count(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<u32> {
         let id = self.one_id(block_id)?;
-        self.pool().ref_count(id).py_err(py)
+        self.with_pool(py, |pool| pool.ref_count(id)).py_err(py)
     }
 
     /// Every block's reference count, in id order.
     fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let counts: Vec<i32> = self
-            .pool()
-            .ref_counts()
-            .map(|c| c.min(i32::MAX as u32) as i32)
-            .collect();
+        let counts: Vec<i32> = self.with_pool(py, |pool| {
+            pool.ref_counts()
+                .map(|c| c.min(i32::MAX as u32) as i32)
+                .collect()
+        });
         PyArray1::from_vec(py, counts)
     }
 
@@ -434,7 +442,7 @@ impl PyBlockPool {
         block_id: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let id = self.one_id(block_id)?;
-        let key = self.pool().block_hash(id).py_err(py)?;
+        let key = self.with_pool(py, |pool| pool.block_hash(id)).py_err(py)?;
         key.map(|k| {
             PyTuple::new(
                 py,
@@ -449,24 +457,24 @@ impl PyBlockPool {
 
     /// Walk the whole structure; raise ``InvariantError`` listing every broken invariant.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.pool()
-            .check_invariants()
+        self.with_pool(py, |pool| pool.check_invariants())
             .map_err(|problems| error(py, ErrorKind::Invariant, problems.join("; ")))
     }
 
-    fn __repr__(&self) -> String {
-        let pool = self.pool();
-        format!(
-            "BlockPool(num_blocks={}, free={}, cached={}, enable_caching={})",
-            pool.num_blocks(),
-            pool.num_free_blocks(),
-            pool.num_cached_blocks(),
-            if pool.config().enable_caching {
-                "True"
-            } else {
-                "False"
-            }
-        )
+    fn __repr__(&self, py: Python<'_>) -> String {
+        self.with_pool(py, |pool| {
+            format!(
+                "BlockPool(num_blocks={}, free={}, cached={}, enable_caching={})",
+                pool.num_blocks(),
+                pool.num_free_blocks(),
+                pool.num_cached_blocks(),
+                if pool.config().enable_caching {
+                    "True"
+                } else {
+                    "False"
+                }
+            )
+        })
     }
 }
 

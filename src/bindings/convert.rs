@@ -419,7 +419,9 @@ pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     let all_ints = if let Ok(list) = obj.cast::<PyList>() {
         list.iter().all(|item| item.is_exact_instance_of::<PyInt>())
     } else if let Ok(tuple) = obj.cast::<PyTuple>() {
-        tuple.iter().all(|item| item.is_exact_instance_of::<PyInt>())
+        tuple
+            .iter()
+            .all(|item| item.is_exact_instance_of::<PyInt>())
     } else {
         false
     };

@@ -1,7 +1,7 @@
 //! `kvpool.BlockHashList`: a request's block hashes kept in Rust, handed to the pool
 //! without one `bytes` object per block.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
@@ -31,9 +31,16 @@ impl PyBlockHashList {
         }
     }
 
-    /// The flat digests, locked.
-    pub fn bytes(&self) -> MutexGuard<'_, Vec<u8>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// Runs `f` on the flat digests under the list's lock. It is a leaf lock: its
+    /// holders run no Python code and never release the GIL, so waiting for it is
+    /// always short and may be done with the GIL held (`locking.rs`).
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A copy of the flat digests, to build Python objects from after unlocking.
+    fn snapshot(&self) -> Vec<u8> {
+        self.with_bytes(|b| b.clone())
     }
 
     /// The algorithm that produced the hashes.
@@ -48,12 +55,12 @@ impl PyBlockHashList {
 
     /// Copies the digests out as a core hash view's backing store.
     pub fn copy_into(&self, flat: &mut Vec<u8>) -> usize {
-        flat.extend_from_slice(&self.bytes());
+        self.with_bytes(|b| flat.extend_from_slice(b));
         self.width
     }
 
     fn len(&self) -> usize {
-        self.bytes().len() / self.width
+        self.with_bytes(|b| b.len()) / self.width
     }
 }
 
@@ -83,14 +90,16 @@ impl PyBlockHashList {
         let len = self.len();
         if let Ok(slice) = index.cast::<PySlice>() {
             let ind = slice.indices(len as isize)?;
-            let bytes = self.bytes();
-            let mut out = Vec::with_capacity(ind.slicelength * self.width);
-            let mut i = ind.start;
-            for _ in 0..ind.slicelength {
-                let i_u = i as usize;
-                out.extend_from_slice(&bytes[i_u * self.width..(i_u + 1) * self.width]);
-                i += ind.step;
-            }
+            let out = self.with_bytes(|bytes| {
+                let mut out = Vec::with_capacity(ind.slicelength * self.width);
+                let mut i = ind.start;
+                for _ in 0..ind.slicelength {
+                    let i_u = i as usize;
+                    out.extend_from_slice(&bytes[i_u * self.width..(i_u + 1) * self.width]);
+                    i += ind.step;
+                }
+                out
+            });
             return Ok(Bound::new(py, PyBlockHashList::new(out, self.algo))?.into_any());
         }
         let i = int_arg(index, "index", i64::MIN, i64::MAX)?;
@@ -101,12 +110,13 @@ impl PyBlockHashList {
             )));
         }
         let j = j as usize;
-        Ok(PyBytes::new(py, &self.bytes()[j * self.width..(j + 1) * self.width]).into_any())
+        let hash = self.with_bytes(|b| b[j * self.width..(j + 1) * self.width].to_vec());
+        Ok(PyBytes::new(py, &hash).into_any())
     }
 
     /// The hashes as a list of ``bytes``.
     fn to_list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let bytes = self.bytes();
+        let bytes = self.snapshot();
         PyList::new(
             py,
             bytes.chunks_exact(self.width).map(|h| PyBytes::new(py, h)),
@@ -115,13 +125,13 @@ impl PyBlockHashList {
 
     /// All hashes back to back as one ``bytes`` object.
     fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.bytes())
+        PyBytes::new(py, &self.snapshot())
     }
 
     /// The hashes as vLLM's KV-event wire format writes them: the last 8 bytes of
     /// each, big-endian, as ``uint64``.
     fn to_ints<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
-        let bytes = self.bytes();
+        let bytes = self.snapshot();
         PyArray1::from_iter(
             py,
             bytes.chunks_exact(self.width).map(|h| {
@@ -140,13 +150,13 @@ impl PyBlockHashList {
                     return true;
                 }
                 // One lock at a time: two threads comparing a == b and b == a never deadlock.
-                let theirs = o.bytes().clone();
-                self.algo == o.algo && *self.bytes() == theirs
+                let theirs = o.snapshot();
+                self.algo == o.algo && self.with_bytes(|b| *b == theirs)
             }
             Err(_) => match other.cast::<PyList>() {
                 Ok(list) => {
-                    let len = self.len();
-                    let bytes = self.bytes();
+                    let bytes = self.snapshot();
+                    let len = bytes.len() / self.width;
                     list.len() == len
                         && list
                             .iter()

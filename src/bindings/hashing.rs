@@ -9,6 +9,7 @@ use pyo3::types::{PyBool, PyBytes, PyString, PyTuple};
 use super::convert::{extract_i64s, int_arg, opt_str_arg, type_name, with_i64s};
 use super::errors::{error, ErrorKind};
 pub use super::hash_list::PyBlockHashList;
+use super::locking::{with_detached, with_lock};
 use crate::pool::hashing::{self, none_hash, BlockHasher, Encoding, HashAlgo, MmFeature, Value};
 use crate::pool::{HashSlice, SequenceExtras};
 
@@ -226,21 +227,22 @@ impl PyBlockHasher {
         prompt_embed_digests: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyBlockHashList> {
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
-        let (none, bs) = (&self.none_hash, self.block_size);
-        let mut guard = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
-        let hasher: &mut BlockHasher = &mut guard;
-        let mut out = Vec::new();
-        let long = with_i64s(token_ids, "token_ids", |tokens| {
-            if tokens.len() > 4096 {
-                return Some(tokens.to_vec()); // long: hash with the GIL released, below
-            }
-            out.reserve(tokens.len() / bs * self.algo.digest_len());
+        let (none, bs, width) = (&self.none_hash, self.block_size, self.algo.digest_len());
+        let chain = |hasher: &mut BlockHasher, tokens: &[i64]| {
+            let mut out = Vec::with_capacity(tokens.len() / bs * width);
             hasher.update_chain(none, tokens, bs, &extras.inputs(), &mut out);
-            None
+            out
+        };
+        // The tokens are converted (or an int64 array borrowed) before the lock is taken.
+        let out = with_i64s(token_ids, "token_ids", |tokens| {
+            if tokens.len() > 4096 {
+                // Long: hashed with the GIL released, on a copy the caller cannot change.
+                let tokens = tokens.to_vec();
+                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens))
+            } else {
+                with_lock(py, &self.hasher, |hasher| chain(hasher, tokens))
+            }
         })?;
-        if let Some(tokens) = long {
-            py.detach(|| hasher.update_chain(none, &tokens, bs, &extras.inputs(), &mut out));
-        }
         Ok(PyBlockHashList::new(out, self.algo))
     }
 
@@ -260,10 +262,8 @@ impl PyBlockHasher {
             all.push(tokens);
         }
         let (none, bs, algo) = (&self.none_hash, self.block_size, self.algo);
-        let mut guard = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
-        let hasher: &mut BlockHasher = &mut guard;
         let extras = SequenceExtras::default();
-        let lists = py.detach(|| {
+        let lists = with_detached(py, &self.hasher, |hasher| {
             all.iter()
                 .map(|tokens| {
                     let mut out = Vec::new();
@@ -317,15 +317,18 @@ impl PyBlockHasher {
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
         let mut tokens = Vec::new();
         extract_i64s(token_ids, "token_ids", &mut tokens)?;
-        let mut flat = list.bytes();
-        let mut hasher = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(hasher.update_chain(
-            &self.none_hash,
-            &tokens,
-            self.block_size,
-            &extras.inputs(),
-            &mut flat,
-        ))
+        // Locks in the order hasher, then list (a leaf lock); nothing else takes both.
+        Ok(with_lock(py, &self.hasher, |hasher| {
+            list.with_bytes(|flat| {
+                hasher.update_chain(
+                    &self.none_hash,
+                    &tokens,
+                    self.block_size,
+                    &extras.inputs(),
+                    flat,
+                )
+            })
+        }))
     }
 
     /// One block's hash: ``H((parent or NONE_HASH, tuple(token_ids), extra_keys))``,
@@ -367,11 +370,10 @@ impl PyBlockHasher {
             let bytes = bytes.cast::<PyBytes>()?;
             return Ok(PyBytes::new(py, &self.algo.digest_bytes(bytes.as_bytes())));
         }
-        let mut hasher = self.hasher.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(PyBytes::new(
-            py,
-            &hasher.hash_block(parent, &tokens, extra.as_ref()),
-        ))
+        let digest = with_lock(py, &self.hasher, |hasher| {
+            hasher.hash_block(parent, &tokens, extra.as_ref())
+        });
+        Ok(PyBytes::new(py, &digest))
     }
 
     fn __repr__(&self) -> String {

@@ -1,6 +1,6 @@
 //! `kvpool.KVCacheManager`: the per-request layer, with a batched step.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
@@ -13,6 +13,7 @@ use super::convert::{
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
+use super::locking::{with_detached, with_lock};
 use super::requests::{request_id, request_ids};
 use super::tracker::segments;
 use crate::pool::{
@@ -27,8 +28,9 @@ use crate::pool::{
 pub struct PyKVCacheManager {
     inner: Mutex<KVCacheManager>,
     num_blocks: u32,
-    /// Whether token ids are read (prefix caching on); without, only counts cross.
-    keeps_tokens: bool,
+    /// Whether the prefix cache is on; without it token ids are never read, so only
+    /// their counts cross.
+    enable_caching: bool,
 }
 
 /// What ``schedule_step`` did, per request in the order given.
@@ -91,8 +93,9 @@ fn stats_to_py<'py>(py: Python<'py>, stats: &PrefixCacheStats) -> PyResult<Bound
 }
 
 impl PyKVCacheManager {
-    fn manager(&self) -> MutexGuard<'_, KVCacheManager> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// Runs `f` on the core manager under its lock (`locking.rs`); `f` returns plain data.
+    fn with_manager<R>(&self, py: Python<'_>, f: impl FnOnce(&mut KVCacheManager) -> R) -> R {
+        with_lock(py, &self.inner, f)
     }
 
     /// Token ids from `obj` as the manager takes them: converted into `buf` with
@@ -103,7 +106,7 @@ impl PyKVCacheManager {
         what: &str,
         buf: &'a mut Vec<i64>,
     ) -> PyResult<TokenIds<'a>> {
-        if !self.keeps_tokens {
+        if !self.enable_caching {
             return Ok(TokenIds::Count(count_tokens(obj, what)?));
         }
         extract_i64s(obj, what, buf)?;
@@ -139,12 +142,12 @@ impl PyKVCacheManager {
             stats_window: opt_int_arg(stats_window, "stats_window", 0, 1 << 32)?.unwrap_or(1000)
                 as usize,
         };
-        let num_blocks = config.num_blocks;
+        let (num_blocks, enable_caching) = (config.num_blocks, config.enable_caching);
         let inner = KVCacheManager::new(config).py_err(py)?;
         Ok(Self {
-            keeps_tokens: inner.keeps_tokens(),
             inner: Mutex::new(inner),
             num_blocks,
+            enable_caching,
         })
     }
 
@@ -156,20 +159,20 @@ impl PyKVCacheManager {
 
     /// Tokens per block.
     #[getter]
-    fn block_size(&self) -> usize {
-        self.manager().block_size()
+    fn block_size(&self, py: Python<'_>) -> usize {
+        self.with_manager(py, |m| m.block_size())
     }
 
     /// Whether the prefix cache is on.
     #[getter]
     fn enable_caching(&self) -> bool {
-        self.manager().pool().config().enable_caching
+        self.enable_caching
     }
 
     /// The block hash algorithm.
     #[getter]
-    fn hash_algo(&self) -> &'static str {
-        self.manager().hash_algo().name()
+    fn hash_algo(&self, py: Python<'_>) -> &'static str {
+        self.with_manager(py, |m| m.hash_algo().name())
     }
 
     /// Adds a request: its prompt token ids and extra keys (LoRA ``(name, path)``
@@ -196,15 +199,12 @@ impl PyKVCacheManager {
         };
         let mut buf = Vec::new();
         let tokens = self.token_ids(prompt_token_ids, "prompt_token_ids", &mut buf)?;
-        let mut manager = self.manager();
+        let add = |m: &mut KVCacheManager| m.add_request(id, tokens, extras, lora_info);
         if tokens.len() > 8192 {
-            let m: &mut KVCacheManager = &mut manager;
-            py.detach(|| m.add_request(id, tokens, extras, lora_info))
-                .py_err(py)
+            // Long prompts are hashed with the GIL released, the lock taken inside.
+            with_detached(py, &self.inner, add).py_err(py)
         } else {
-            manager
-                .add_request(id, tokens, extras, lora_info)
-                .py_err(py)
+            self.with_manager(py, add).py_err(py)
         }
     }
 
@@ -218,8 +218,7 @@ impl PyKVCacheManager {
         let id = super::requests::request_id(request_id)?;
         let mut out = Vec::new();
         let n = self
-            .manager()
-            .get_computed_blocks(&id, &mut out)
+            .with_manager(py, |m| m.get_computed_blocks(&id, &mut out))
             .py_err(py)?;
         Ok((ids_to_numpy(py, &out), n))
     }
@@ -255,8 +254,9 @@ impl PyKVCacheManager {
         }
         let mut out = Vec::new();
         let ok = self
-            .manager()
-            .allocate_slots(&id, num_new, num_computed, &hits, lookahead, &mut out)
+            .with_manager(py, |m| {
+                m.allocate_slots(&id, num_new, num_computed, &hits, lookahead, &mut out)
+            })
             .py_err(py)?;
         Ok(ok.then(|| ids_to_numpy(py, &out)))
     }
@@ -332,8 +332,7 @@ impl PyKVCacheManager {
             )
             .collect();
         let mut outcome = StepOutcome::default();
-        self.manager()
-            .schedule_step(&step, stop, &mut outcome)
+        self.with_manager(py, |m| m.schedule_step(&step, stop, &mut outcome))
             .py_err(py)?;
         let as_i64 = |v: &[usize]| PyArray1::from_iter(py, v.iter().map(|&x| x as i64)).unbind();
         Ok(PyStepResult {
@@ -355,7 +354,8 @@ impl PyKVCacheManager {
         let id = super::requests::request_id(request_id)?;
         let mut buf = Vec::new();
         let tokens = self.token_ids(token_ids, "token_ids", &mut buf)?;
-        self.manager().append_token_ids(&id, tokens).py_err(py)
+        self.with_manager(py, |m| m.append_token_ids(&id, tokens))
+            .py_err(py)
     }
 
     /// Appends tokens to several requests: segment ``i`` of ``token_ids`` (cut by
@@ -371,39 +371,42 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let ids = super::requests::request_ids(request_ids)?;
         let (tokens, cuts) = segments(py, token_ids, offsets, ids.len())?;
-        let mut manager = self.manager();
-        for id in &ids {
-            manager.num_tokens(id).py_err(py)?;
-        }
-        for (id, w) in ids.iter().zip(cuts.windows(2)) {
-            let segment = &tokens[w[0]..w[1]];
-            let segment = if self.keeps_tokens {
-                TokenIds::Values(segment)
-            } else {
-                TokenIds::Count(segment.len())
-            };
-            manager.append_token_ids(id, segment).py_err(py)?;
-        }
-        Ok(())
+        let keeps_tokens = self.enable_caching; // token ids are read only with caching
+        self.with_manager(py, |manager| {
+            for id in &ids {
+                manager.num_tokens(id)?;
+            }
+            for (id, w) in ids.iter().zip(cuts.windows(2)) {
+                let segment = &tokens[w[0]..w[1]];
+                let segment = if keeps_tokens {
+                    TokenIds::Values(segment)
+                } else {
+                    TokenIds::Count(segment.len())
+                };
+                manager.append_token_ids(id, segment)?;
+            }
+            Ok(())
+        })
+        .py_err(py)
     }
 
     /// Frees a finished request's blocks (tail first) and forgets it.
     fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
-        self.manager().free(&id).py_err(py)
+        self.with_manager(py, |m| m.free(&id)).py_err(py)
     }
 
     /// Frees several requests in order; all ids are checked first.
     fn free_many(&self, py: Python<'_>, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = super::requests::request_ids(request_ids)?;
-        self.manager().free_many(&ids).py_err(py)
+        self.with_manager(py, |m| m.free_many(&ids)).py_err(py)
     }
 
     /// Preempts a request: frees its blocks (tail first); it keeps its tokens and
     /// restarts from zero computed tokens.
     fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
-        self.manager().preempt(&id).py_err(py)
+        self.with_manager(py, |m| m.preempt(&id)).py_err(py)
     }
 
     /// The request's block table (int32).
@@ -413,9 +416,10 @@ impl PyKVCacheManager {
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let id = super::requests::request_id(request_id)?;
-        let manager = self.manager();
-        let ids = manager.block_ids(&id).py_err(py)?;
-        Ok(ids_to_numpy(py, ids))
+        let ids = self
+            .with_manager(py, |m| m.block_ids(&id).map(<[u32]>::to_vec))
+            .py_err(py)?;
+        Ok(ids_to_numpy(py, &ids))
     }
 
     /// The request's block hashes (full blocks).
@@ -425,16 +429,19 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<PyBlockHashList> {
         let id = super::requests::request_id(request_id)?;
-        let manager = self.manager();
-        let hashes = manager.block_hashes(&id).py_err(py)?;
-        let bytes = hashes.as_bytes().to_vec();
-        Ok(PyBlockHashList::new(bytes, manager.hash_algo()))
+        let (bytes, algo) = self
+            .with_manager(py, |m| {
+                let algo = m.hash_algo();
+                m.block_hashes(&id).map(|h| (h.as_bytes().to_vec(), algo))
+            })
+            .py_err(py)?;
+        Ok(PyBlockHashList::new(bytes, algo))
     }
 
     /// The request's number of tokens so far.
     fn get_num_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = super::requests::request_id(request_id)?;
-        self.manager().num_tokens(&id).py_err(py)
+        self.with_manager(py, |m| m.num_tokens(&id)).py_err(py)
     }
 
     /// Tokens the manager counts as computed for the request (advanced by each
@@ -445,7 +452,8 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
         let id = super::requests::request_id(request_id)?;
-        self.manager().num_computed_tokens(&id).py_err(py)
+        self.with_manager(py, |m| m.num_computed_tokens(&id))
+            .py_err(py)
     }
 
     /// Sets the request's computed tokens (e.g. after rejected speculative tokens).
@@ -457,66 +465,66 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
         let n = int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)? as usize;
-        self.manager().set_num_computed_tokens(&id, n).py_err(py)
+        self.with_manager(py, |m| m.set_num_computed_tokens(&id, n))
+            .py_err(py)
     }
 
     /// The pool's free queue, head (next to be reused) to tail (introspection).
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let ids: Vec<u32> = self.manager().pool().free_block_ids().collect();
+        let ids: Vec<u32> = self.with_manager(py, |m| m.pool().free_block_ids().collect());
         ids_to_numpy(py, &ids)
     }
 
     /// Every block's reference count, in id order (introspection).
     fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let counts: Vec<i32> = self
-            .manager()
-            .pool()
-            .ref_counts()
-            .map(|c| c.min(i32::MAX as u32) as i32)
-            .collect();
+        let counts: Vec<i32> = self.with_manager(py, |m| {
+            m.pool()
+                .ref_counts()
+                .map(|c| c.min(i32::MAX as u32) as i32)
+                .collect()
+        });
         PyArray1::from_vec(py, counts)
     }
 
     /// Fraction of usable blocks in use.
-    fn get_usage(&self) -> f64 {
-        self.manager().usage()
+    fn get_usage(&self, py: Python<'_>) -> f64 {
+        self.with_manager(py, |m| m.usage())
     }
 
     /// Free blocks in the pool.
-    fn get_num_free_blocks(&self) -> usize {
-        self.manager().pool().num_free_blocks()
+    fn get_num_free_blocks(&self, py: Python<'_>) -> usize {
+        self.with_manager(py, |m| m.pool().num_free_blocks())
     }
 
     /// Queued KV-cache events, oldest first (the queue is emptied).
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let events = self.manager().take_events();
+        let events = self.with_manager(py, |m| m.take_events());
         events_to_py(py, events)
     }
 
     /// Clears the prefix cache and the statistics; refused (False) while any block
     /// is in use.
-    fn reset_prefix_cache(&self) -> bool {
-        self.manager().reset_prefix_cache()
+    fn reset_prefix_cache(&self, py: Python<'_>) -> bool {
+        self.with_manager(py, |m| m.reset_prefix_cache())
     }
 
     /// Prefix-cache statistics over every lookup since the start (or last reset).
     #[getter]
     fn prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let stats = self.manager().prefix_cache_stats().clone();
+        let stats = self.with_manager(py, |m| m.prefix_cache_stats().clone());
         stats_to_py(py, &stats)
     }
 
     /// Prefix-cache statistics over the last ``stats_window`` lookups.
     #[getter]
     fn recent_prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let stats = self.manager().recent_prefix_cache_stats();
+        let stats = self.with_manager(py, |m| m.recent_prefix_cache_stats());
         stats_to_py(py, &stats)
     }
 
     /// The tracked request ids.
     fn request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        let manager = self.manager();
-        let mut ids: Vec<_> = manager.request_ids().cloned().collect();
+        let mut ids: Vec<_> = self.with_manager(py, |m| m.request_ids().cloned().collect());
         ids.sort();
         let items = ids
             .iter()
@@ -527,18 +535,17 @@ impl PyKVCacheManager {
 
     /// Walks the pool's structure and the block tables; raises ``InvariantError``.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        self.manager()
-            .check_invariants()
+        self.with_manager(py, |m| m.check_invariants())
             .map_err(|problems| error(py, ErrorKind::Invariant, problems.join("; ")))
     }
 
-    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn __contains__(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = super::requests::request_id(request_id)?;
-        Ok(self.manager().contains(&id))
+        Ok(self.with_manager(py, |m| m.contains(&id)))
     }
 
-    fn __len__(&self) -> usize {
-        self.manager().num_requests()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.with_manager(py, |m| m.num_requests())
     }
 }
 

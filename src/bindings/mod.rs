@@ -7,6 +7,7 @@ pub mod errors;
 pub mod events;
 pub mod hash_list;
 pub mod hashing;
+pub mod locking;
 pub mod manager;
 pub mod requests;
 pub mod tracker;

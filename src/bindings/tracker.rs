@@ -1,7 +1,7 @@
 //! `kvpool.ComputedBlocksTracker`: per-sequence block hashes and computed-token
 //! counts read from a `BlockPool`'s prefix cache.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
@@ -10,8 +10,9 @@ use super::block_pool::PyBlockPool;
 use super::convert::{extract_i64s, int_arg};
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
+use super::locking::with_lock;
 use super::requests::{request_id, request_ids};
-use crate::pool::{check_offsets, ComputedBlocksTracker, RequestId};
+use crate::pool::{check_offsets, BlockPool, ComputedBlocksTracker, RequestId};
 
 /// Tracks, per sequence, its tokens, its block hashes (incremental) and how many
 /// of its tokens are already computed in ``pool``'s prefix cache.
@@ -26,8 +27,24 @@ pub struct PyComputedBlocksTracker {
 }
 
 impl PyComputedBlocksTracker {
-    fn tracker(&self) -> MutexGuard<'_, ComputedBlocksTracker> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// Runs `f` on the tracker under its lock (`locking.rs`); `f` returns plain data.
+    fn with_tracker<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut ComputedBlocksTracker) -> R,
+    ) -> R {
+        with_lock(py, &self.inner, f)
+    }
+
+    /// Runs `f` on the tracker and its pool, locked in that order (the only order in
+    /// which any call takes both).
+    fn with_tracker_and_pool<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut ComputedBlocksTracker, &BlockPool) -> R,
+    ) -> R {
+        let pool = self.pool.get();
+        self.with_tracker(py, |tracker| pool.with_pool(py, |pool| f(tracker, pool)))
     }
 }
 
@@ -73,14 +90,14 @@ impl PyComputedBlocksTracker {
 
     /// Tokens per block.
     #[getter]
-    fn block_size(&self) -> usize {
-        self.tracker().block_size()
+    fn block_size(&self, py: Python<'_>) -> usize {
+        self.with_tracker(py, |t| t.block_size())
     }
 
     /// The hash algorithm's name.
     #[getter]
-    fn hash_algo(&self) -> &'static str {
-        self.tracker().algo().name()
+    fn hash_algo(&self, py: Python<'_>) -> &'static str {
+        self.with_tracker(py, |t| t.algo().name())
     }
 
     /// Starts tracking a sequence with its prompt token ids and extra keys (LoRA
@@ -102,7 +119,8 @@ impl PyComputedBlocksTracker {
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
         let mut tokens = Vec::new();
         extract_i64s(token_ids, "token_ids", &mut tokens)?;
-        self.tracker().add_sequence(id, &tokens, extras).py_err(py)
+        self.with_tracker(py, |t| t.add_sequence(id, &tokens, extras))
+            .py_err(py)
     }
 
     /// Appends token ids (a chunk, or decoded tokens); returns the number of blocks
@@ -116,7 +134,8 @@ impl PyComputedBlocksTracker {
         let id = request_id(seq_id)?;
         let mut tokens = Vec::new();
         extract_i64s(token_ids, "token_ids", &mut tokens)?;
-        self.tracker().append_tokens(&id, &tokens).py_err(py)
+        self.with_tracker(py, |t| t.append_tokens(&id, &tokens))
+            .py_err(py)
     }
 
     /// Appends tokens to several sequences: segment ``i`` of ``token_ids`` (cut by
@@ -132,21 +151,22 @@ impl PyComputedBlocksTracker {
     ) -> PyResult<()> {
         let ids = request_ids(seq_ids)?;
         let (tokens, cuts) = segments(py, token_ids, offsets, ids.len())?;
-        let mut tracker = self.tracker();
-        tracker.check_known(&ids).py_err(py)?;
-        for (id, w) in ids.iter().zip(cuts.windows(2)) {
-            tracker.append_tokens(id, &tokens[w[0]..w[1]]).py_err(py)?;
-        }
-        Ok(())
+        self.with_tracker(py, |tracker| {
+            tracker.check_known(&ids)?;
+            for (id, w) in ids.iter().zip(cuts.windows(2)) {
+                tracker.append_tokens(id, &tokens[w[0]..w[1]])?;
+            }
+            Ok(())
+        })
+        .py_err(py)
     }
 
     /// Tokens of the sequence already computed in the prefix cache: full blocks
     /// only, never its last token; fixed once the sequence started.
     fn get_num_cached_tokens(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = request_id(seq_id)?;
-        let tracker = self.tracker();
-        let pool = self.pool.get().pool();
-        tracker.num_computed_tokens(&id, &pool).py_err(py)
+        self.with_tracker_and_pool(py, |tracker, pool| tracker.num_computed_tokens(&id, pool))
+            .py_err(py)
     }
 
     /// ``get_num_cached_tokens`` for several sequences, as an int64 array.
@@ -156,12 +176,12 @@ impl PyComputedBlocksTracker {
         seq_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let ids = request_ids(seq_ids)?;
-        let tracker = self.tracker();
-        let pool = self.pool.get().pool();
-        let counts = ids
-            .iter()
-            .map(|id| tracker.num_computed_tokens(id, &pool).map(|n| n as i64))
-            .collect::<Result<Vec<_>, _>>()
+        let counts = self
+            .with_tracker_and_pool(py, |tracker, pool| {
+                ids.iter()
+                    .map(|id| tracker.num_computed_tokens(id, pool).map(|n| n as i64))
+                    .collect::<Result<Vec<_>, _>>()
+            })
             .py_err(py)?;
         Ok(PyArray1::from_vec(py, counts))
     }
@@ -170,9 +190,8 @@ impl PyComputedBlocksTracker {
     /// the pool gives now (returned). A started sequence keeps its count.
     fn start(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = request_id(seq_id)?;
-        let mut tracker = self.tracker();
-        let pool = self.pool.get().pool();
-        tracker.start(&id, &pool).py_err(py)
+        self.with_tracker_and_pool(py, |tracker, pool| tracker.start(&id, pool))
+            .py_err(py)
     }
 
     /// ``start`` for several sequences, in order; returns their counts.
@@ -182,13 +201,13 @@ impl PyComputedBlocksTracker {
         seq_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let ids = request_ids(seq_ids)?;
-        let mut tracker = self.tracker();
-        tracker.check_known(&ids).py_err(py)?;
-        let pool = self.pool.get().pool();
-        let counts = ids
-            .iter()
-            .map(|id| tracker.start(id, &pool).map(|n| n as i64))
-            .collect::<Result<Vec<_>, _>>()
+        let counts = self
+            .with_tracker_and_pool(py, |tracker, pool| {
+                tracker.check_known(&ids)?;
+                ids.iter()
+                    .map(|id| tracker.start(id, pool).map(|n| n as i64))
+                    .collect::<Result<Vec<_>, _>>()
+            })
             .py_err(py)?;
         Ok(PyArray1::from_vec(py, counts))
     }
@@ -196,7 +215,8 @@ impl PyComputedBlocksTracker {
     /// Whether the sequence's prefill has started.
     fn is_started(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = request_id(seq_id)?;
-        self.tracker().get(&id).map(|s| s.is_started()).py_err(py)
+        self.with_tracker(py, |t| t.get(&id).map(|s| s.is_started()))
+            .py_err(py)
     }
 
     /// The sequence's block hashes (full blocks), as a ``BlockHashList``.
@@ -206,10 +226,13 @@ impl PyComputedBlocksTracker {
         seq_id: &Bound<'_, PyAny>,
     ) -> PyResult<PyBlockHashList> {
         let id = request_id(seq_id)?;
-        let tracker = self.tracker();
-        let hashes = tracker.block_hashes(&id).py_err(py)?;
-        let bytes = hashes.as_bytes().to_vec();
-        Ok(PyBlockHashList::new(bytes, tracker.algo()))
+        let (bytes, algo) = self
+            .with_tracker(py, |t| {
+                let algo = t.algo();
+                t.block_hashes(&id).map(|h| (h.as_bytes().to_vec(), algo))
+            })
+            .py_err(py)?;
+        Ok(PyBlockHashList::new(bytes, algo))
     }
 
     /// The sequence's token ids so far, as an int64 array.
@@ -219,31 +242,33 @@ impl PyComputedBlocksTracker {
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let id = request_id(seq_id)?;
-        let tracker = self.tracker();
-        let seq = tracker.get(&id).py_err(py)?;
-        Ok(PyArray1::from_slice(py, seq.tokens()))
+        let tokens = self
+            .with_tracker(py, |t| t.get(&id).map(|seq| seq.tokens().to_vec()))
+            .py_err(py)?;
+        Ok(PyArray1::from_vec(py, tokens))
     }
 
     /// Preemption: forgets the fixed count (tokens and hashes stay); the next query
     /// looks up afresh.
     fn reset_sequence(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = request_id(seq_id)?;
-        self.tracker().reset(&id).py_err(py)
+        self.with_tracker(py, |t| t.reset(&id)).py_err(py)
     }
 
     /// Stops tracking the sequence (it finished or was freed).
     fn remove_sequence(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = request_id(seq_id)?;
-        self.tracker().remove(&id).map(|_| ()).py_err(py)
+        self.with_tracker(py, |t| t.remove(&id).map(|_| ()))
+            .py_err(py)
     }
 
-    fn __len__(&self) -> usize {
-        self.tracker().len()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.with_tracker(py, |t| t.len())
     }
 
-    fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id: RequestId = request_id(seq_id)?;
-        Ok(self.tracker().contains(&id))
+        Ok(self.with_tracker(py, |t| t.contains(&id)))
     }
 }
 

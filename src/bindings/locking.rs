@@ -1,0 +1,52 @@
+//! The one way the bindings take their locks.
+//!
+//! The rules (`docs/design.md`, "Locks"):
+//!
+//! 1. No Python code runs while a kvpool lock is held: arguments are converted
+//!    before locking, Python results are built after unlocking. Object creation
+//!    counts (it can start the garbage collector, whose finalizers can call back into
+//!    kvpool on the same thread), so the closures below return plain Rust data.
+//! 2. Long work runs with the GIL released, and takes its lock inside that section
+//!    ([`with_detached`]), so a lock is never held while the GIL is given up and
+//!    taken back.
+//! 3. A thread never waits for a kvpool lock while holding the GIL ([`with_lock`]
+//!    tries first and, if another thread holds the lock, which can then only be one
+//!    working with the GIL released, waits with the GIL released), so a holder that
+//!    needs nothing from Python always finishes and nobody stalls the interpreter.
+//!
+//! A poisoned lock is taken over: the core never leaves its state half-changed, so a
+//! panic elsewhere does not make it unusable.
+
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
+use pyo3::prelude::*;
+
+/// Takes `mutex` under rule 3.
+fn lock<'a, T: Send>(py: Python<'_>, mutex: &'a Mutex<T>) -> MutexGuard<'a, T> {
+    loop {
+        match mutex.try_lock() {
+            Ok(guard) => return guard,
+            Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                // Wait for the holder with the GIL released, then try again with it.
+                py.detach(|| drop(mutex.lock()));
+            }
+        }
+    }
+}
+
+/// Runs `f` on the value behind `mutex`, the GIL held; `f` must not call into Python.
+#[inline]
+pub fn with_lock<T: Send, R>(py: Python<'_>, mutex: &Mutex<T>, f: impl FnOnce(&mut T) -> R) -> R {
+    f(&mut lock(py, mutex))
+}
+
+/// Runs `f` on the value behind `mutex` with the GIL released, the lock taken (and
+/// waited for) inside that section.
+pub fn with_detached<T: Send, R: Send>(
+    py: Python<'_>,
+    mutex: &Mutex<T>,
+    f: impl FnOnce(&mut T) -> R + Send,
+) -> R {
+    py.detach(|| f(&mut mutex.lock().unwrap_or_else(|p| p.into_inner())))
+}

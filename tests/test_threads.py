@@ -1,0 +1,203 @@
+"""Threads and re-entrancy: no deadlock, no lost update, no lock held while Python code runs.
+
+Each scenario runs in a subprocess under a timeout, so a deadlock fails the test instead of
+hanging the run. ``KVPOOL_THREAD_SECONDS`` sets how long the hammering runs (default 3 s;
+``KVPOOL_THREAD_SECONDS=60 python -m pytest tests/test_threads.py`` is the long version).
+
+The scenarios, written as scripts:
+
+* ``HAMMER``: four threads share one ``BlockPool``, one ``KVCacheManager`` (prefix caching on,
+  prompts of 9,000-12,000 tokens, so ``add_request`` hashes with the GIL released), one
+  ``BlockHasher`` (prompts over 4,096 tokens and ``hash_tokens_many``, also GIL-released) and
+  one ``ComputedBlocksTracker``; they mix valid calls with invalid ones (double frees, bad ids,
+  unknown requests, wrong dtypes), each of which must raise a ``KVPoolError``. Afterwards every
+  structure checks its invariants, every thread got back what it owned (all blocks free), and
+  the hashes computed concurrently equal those computed alone.
+* ``REENTRANT``: Python code that kvpool runs calls back into the same object: an
+  ``__index__`` in a token list calls the hasher that is converting it, a generator of block
+  ids calls the pool, and a garbage-collector callback (collections forced on nearly every
+  allocation) calls the manager, the pool and a hash list while they build their results.
+  Converting before locking and building results after unlocking makes all of them work.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SECONDS = float(os.environ.get("KVPOOL_THREAD_SECONDS", "3"))
+TIMEOUT = 120 + 2 * SECONDS
+
+HAMMER = """
+import random, sys, threading, time
+import numpy as np
+import kvpool
+
+SECONDS = float(sys.argv[1])
+pool = kvpool.BlockPool(4096, block_size=16)
+manager = kvpool.KVCacheManager(8192, 16, enable_caching=True)
+hasher = kvpool.BlockHasher(16, hash_algo="sha256_cbor")
+tracker = kvpool.ComputedBlocksTracker(pool, 16)
+LONG = [list(range(k * 7, k * 7 + 9000 + 1000 * k)) for k in range(4)]
+EXPECTED = [hasher.hash_tokens(p).to_list() for p in LONG]
+errors, unexpected = [], []
+deadline = time.monotonic() + SECONDS
+
+
+def expect_error(call):
+    try:
+        call()
+    except kvpool.KVPoolError:
+        return
+    except BaseException as e:  # noqa: BLE001
+        unexpected.append(f"{type(e).__name__}: {e}")
+        return
+    unexpected.append(f"no error from {call}")
+
+
+def worker(k):
+    rng = random.Random(k)
+    n = 0
+    try:
+        while time.monotonic() < deadline:
+            # The pool: allocate, cache, look up, free; and bad calls.
+            ids = pool.get_new_blocks(rng.randrange(1, 40))
+            hashes = [bytes([k]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25)
+                      for i in range(len(ids))]
+            pool.cache_full_blocks(ids, hashes, 0, len(ids))
+            assert (pool.find_longest_cache_hit(hashes) == ids).all()
+            pool.free_blocks(ids, reverse=rng.random() < 0.5)
+            expect_error(lambda: pool.free_blocks(ids))               # double free
+            expect_error(lambda: pool.touch([4096 + k]))              # out of range
+            expect_error(lambda: pool.free_blocks(np.array([1.5])))   # dtype
+            # The manager: long prompts (hashed with the GIL released), prefill, free.
+            rid = f"r{k}-{n}"
+            manager.add_request(rid, LONG[k])
+            hits, n_hit = manager.get_computed_blocks(rid)
+            blocks = manager.allocate_slots(rid, len(LONG[k]) - n_hit,
+                                            num_new_computed_tokens=n_hit, new_computed_blocks=hits)
+            assert blocks is not None
+            manager.free(rid)
+            expect_error(lambda: manager.free(rid))                   # unknown request
+            expect_error(lambda: manager.add_request(rid + "x", "text"))
+            # The hasher: long prompts and batches, compared with the hashes made alone.
+            assert hasher.hash_tokens(LONG[k]).to_list() == EXPECTED[k]
+            batch = hasher.hash_tokens_many([LONG[k], LONG[(k + 1) % 4]])
+            assert batch[1].to_list() == EXPECTED[(k + 1) % 4]
+            # The tracker reads the shared pool.
+            sid = f"s{k}-{n}"
+            tracker.add_sequence(sid, LONG[k][:600])
+            tracker.get_num_cached_tokens(sid)
+            tracker.remove_sequence(sid)
+            n += 1
+    except BaseException as e:  # noqa: BLE001
+        errors.append(f"thread {k}: {type(e).__name__}: {e}")
+
+
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not errors, errors
+assert not unexpected, unexpected[:5]
+pool.check_invariants()
+manager.check_invariants()
+assert pool.get_num_free_blocks() == 4095, pool.get_num_free_blocks()
+assert manager.get_num_free_blocks() == 8191 and len(manager) == 0
+assert len(tracker) == 0
+print("ok")
+"""
+
+REENTRANT = """
+import gc
+import numpy as np
+import kvpool
+
+hasher = kvpool.BlockHasher(16)
+pool = kvpool.BlockPool(64, block_size=16)
+manager = kvpool.KVCacheManager(64, 4, enable_caching=True)
+for i in range(8):
+    manager.add_request(f"r{i}", [1, 2, 3, 4, 5, i])
+
+
+class CallsBack:
+    # An int whose __index__ calls the hasher that is converting it.
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        hasher.hash_tokens(list(range(40)))
+        return self.v
+
+
+tokens = [CallsBack(t) for t in range(48)]
+assert hasher.hash_tokens(tokens).to_list() == hasher.hash_tokens(list(range(48))).to_list()
+
+
+def ids_calling_the_pool():
+    for i in pool.get_new_blocks(3):
+        pool.get_num_free_blocks()
+        yield int(i)
+
+
+pool.free_blocks(ids_calling_the_pool())
+assert pool.get_num_free_blocks() == 63
+hashes = hasher.hash_tokens(list(range(64)))
+
+calls = []
+
+
+def on_gc(phase, info):
+    # Runs inside whatever allocation started the collection: maybe while kvpool builds a
+    # result. Every call must get its lock.
+    calls.append((manager.get_num_free_blocks(), pool.get_usage(), len(hashes), len(manager)))
+
+
+gc.callbacks.append(on_gc)
+gc.set_threshold(1, 1, 1)
+try:
+    for _ in range(300):
+        manager.request_ids()
+        manager.take_events()
+        manager.get_block_ids("r1")
+        manager.prefix_cache_stats
+        pool.free_block_ids()
+        pool.take_events()
+        hashes.to_list()
+        hashes[1:3]
+        hashes == hashes.to_list()
+        hasher.hash_tokens(list(range(40)))
+finally:
+    gc.set_threshold(700, 10, 10)
+    gc.callbacks.remove(on_gc)
+assert calls, "the collector never ran"
+print("ok", len(calls))
+"""
+
+
+def run_script(script: str, *args: str) -> str:
+    """The script's output; fails the test on an error or when it hangs past ``TIMEOUT``."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(script), *args],
+            capture_output=True, text=True, timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        result = None
+    if result is None:
+        pytest.fail(f"deadlock: the script did not finish within {TIMEOUT:.0f} s", pytrace=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_threads_share_every_class_without_deadlock_or_lost_updates() -> None:
+    assert run_script(HAMMER, str(SECONDS)).strip() == "ok"
+
+
+def test_python_code_run_by_kvpool_may_call_back_into_it() -> None:
+    assert run_script(REENTRANT).startswith("ok")
