@@ -7,6 +7,9 @@
 //!   hash, so each allocated block is first evicted from the prefix cache, then
 //!   re-cached under a new hash and freed (to the tail), keeping the pool full of
 //!   cached blocks.
+//! - `alloc_free/empty`: an empty allocation and an empty free (the fixed cost of a call).
+//! - `alloc_free/whole_pool`: every block of a 1,000,000-block pool allocated in one call
+//!   and freed in one, per block.
 
 use std::hint::black_box;
 
@@ -86,5 +89,30 @@ fn evicting(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, no_caching, evicting);
+fn batch_sizes(c: &mut Criterion) {
+    let mut config = PoolConfig::new(1_000_000);
+    config.enable_caching = false;
+    let mut pool = BlockPool::new(config).unwrap();
+    let mut ids = Vec::with_capacity(1_000_000);
+    let mut group = c.benchmark_group("alloc_free");
+    group.bench_function("empty", |b| {
+        b.iter(|| {
+            ids.clear();
+            pool.get_new_blocks(black_box(0), &mut ids).unwrap();
+            pool.free_blocks_reversed(black_box(&ids)).unwrap();
+        })
+    });
+    group.throughput(Throughput::Elements(999_999));
+    group.sample_size(20);
+    group.bench_function("whole_pool", |b| {
+        b.iter(|| {
+            ids.clear();
+            pool.get_new_blocks(black_box(999_999), &mut ids).unwrap();
+            pool.free_blocks_reversed(black_box(&ids)).unwrap();
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, no_caching, evicting, batch_sizes);
 criterion_main!(benches);

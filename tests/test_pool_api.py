@@ -690,3 +690,56 @@ def test_negative_int32_ids_are_rejected_by_every_call(Pool, bad):
         with pytest.raises(kvpool.InvalidBlockIdError, match=str(bad)):
             call()
         assert (free_ids(pool), pool.ref_counts().tolist(), pool.get_num_cached_blocks()) == before
+
+
+def test_empty_batches_change_nothing(Pool):
+    pool = Pool(16, enable_caching=True)
+    held = pool.get_new_blocks(3)
+    before = (free_ids(pool), pool.ref_counts().tolist(), pool.get_num_cached_blocks())
+    empty = np.array([], dtype=np.int32)
+    pool.free_blocks(empty, reverse=True)
+    pool.free_blocks([], reverse=True)
+    pool.free_blocks(held[:0][::-1])
+    pool.free_blocks_many([], reverse=True)
+    pool.free_blocks_many([empty, [], empty[::-1]], reverse=True)
+    pool.free_blocks_many(empty, np.array([0, 0, 0]), reverse=True)
+    pool.touch(empty)
+    pool.cache_full_blocks(held, [b"x" * 8] * 3, 2, 2)
+    assert ids(pool.find_longest_cache_hit([])) == []
+    assert (free_ids(pool), pool.ref_counts().tolist(), pool.get_num_cached_blocks()) == before
+    pool.check_invariants()
+
+
+def test_whole_pool_batches(Pool):
+    """Every block in one call, both ways, and one block more than there are."""
+    import kvpool
+
+    n = 20_000 if Pool.__module__.startswith("kvpool.reference") else 1_000_000
+    pool = Pool(n, enable_caching=False)
+    everything = pool.get_new_blocks(n - 1)
+    assert pool.get_num_free_blocks() == 0
+    with pytest.raises(kvpool.NoFreeBlocksError):
+        pool.get_new_blocks(1)
+    pool.free_blocks(everything, reverse=True)  # tail first: the last block is reused first
+    assert free_ids(pool)[:3] == [n - 1, n - 2, n - 3] and pool.get_num_free_blocks() == n - 1
+    ids_, offsets = pool.get_new_blocks_many(np.array([n // 2, n // 2 - 1]))
+    with pytest.raises(kvpool.NoFreeBlocksError):
+        pool.get_new_blocks_many(np.array([0, 1]))
+    pool.free_blocks_many(ids_, offsets, reverse=True)
+    assert pool.get_num_free_blocks() == n - 1
+    pool.check_invariants()
+
+
+def test_touching_free_uncached_blocks_from_the_middle_keeps_the_order(Pool):
+    """Free uncached blocks taken out of the middle of the queue's front (kvpool's stack and
+    fresh range, with tombstones and compaction) leave the rest in vLLM's order."""
+    pool = Pool(400, enable_caching=False)
+    held = pool.get_new_blocks(300)
+    pool.free_blocks(held, reverse=True)  # 300..1 at the head, 301..399 never used behind
+    touched = [int(b) for b in held[1:-1]] + list(range(320, 390, 3))  # tombstones compacted
+    pool.touch(touched)
+    expected = [b for b in [*range(300, 0, -1), *range(301, 400)] if b not in set(touched)]
+    assert free_ids(pool) == expected
+    pool.free_blocks(touched)
+    assert free_ids(pool) == touched + expected
+    pool.check_invariants()

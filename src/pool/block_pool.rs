@@ -522,7 +522,7 @@ impl BlockPool {
 
 /// The first id of `ids` that is not below `num_blocks`, if any. One branch-free
 /// pass (it vectorizes); the culprit is looked up only when there is one.
-#[inline]
+#[inline(always)]
 pub fn first_out_of_range(ids: &[u32], num_blocks: u32) -> Option<u32> {
     if ids.iter().fold(true, |ok, &id| ok & (id < num_blocks)) {
         return None;

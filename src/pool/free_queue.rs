@@ -286,16 +286,6 @@ impl FreeQueue {
         self.stack_live = mark.1;
     }
 
-    /// Puts uncached, just released blocks at the head, in the order given: `ids[0]`
-    /// becomes the head (a one-batch [`reserve_front`](Self::reserve_front)).
-    pub fn push_front_n(&mut self, slab: &mut Slab, ids: &[u32]) {
-        let mut batch = self.reserve_front(ids.len());
-        for &id in ids {
-            self.put_front(&mut batch, slab.get_mut(id), id);
-        }
-        self.finish_front(slab, batch);
-    }
-
     /// Appends blocks at the tail of the list, in the order given.
     pub fn push_back_n(&mut self, slab: &mut Slab, ids: &[u32]) {
         let Some(&first) = ids.first() else {
@@ -415,6 +405,15 @@ mod tests {
         (Slab::new(n), FreeQueue::fresh(0, n))
     }
 
+    /// Puts uncached free blocks at the head, `ids[0]` on top, as a free call does.
+    fn push_front(q: &mut FreeQueue, slab: &mut Slab, ids: &[u32]) {
+        let mut batch = q.reserve_front(ids.len());
+        for &id in ids {
+            q.put_front(&mut batch, slab.get_mut(id), id);
+        }
+        q.finish_front(slab, batch);
+    }
+
     fn order(slab: &Slab, q: &FreeQueue) -> Vec<u32> {
         q.iter(slab).collect()
     }
@@ -442,7 +441,7 @@ mod tests {
     fn stack_then_fresh_then_list() {
         let (mut slab, mut q) = queue_of(6);
         take(&mut slab, &mut q, 3);
-        q.push_front_n(&mut slab, &[2, 0]);
+        push_front(&mut q, &mut slab, &[2, 0]);
         q.push_back_n(&mut slab, &[1]);
         assert_eq!(order(&slab, &q), vec![2, 0, 3, 4, 5, 1]);
         assert_eq!(q.len(), 6);
@@ -453,7 +452,7 @@ mod tests {
     fn remove_from_every_part() {
         let (mut slab, mut q) = queue_of(8);
         take(&mut slab, &mut q, 4);
-        q.push_front_n(&mut slab, &[3, 2]);
+        push_front(&mut q, &mut slab, &[3, 2]);
         q.push_back_n(&mut slab, &[0, 1]);
         // stack [3, 2], fresh [4..8], list [0, 1]
         q.remove(&mut slab, 2); // stack, under the top
@@ -475,7 +474,7 @@ mod tests {
         let n = 1_000;
         let (mut slab, mut q) = queue_of(n);
         let all = take(&mut slab, &mut q, n as usize);
-        q.push_front_n(&mut slab, &all);
+        push_front(&mut q, &mut slab, &all);
         // Take every block but the top one out of the stack's middle.
         for &id in &all[1..n as usize - 1] {
             q.remove(&mut slab, id);
