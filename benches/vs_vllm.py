@@ -22,8 +22,8 @@ Workloads (``--only`` takes their names):
   ``h.to_bytes(32, "big")``.
 * ``manager``: 100 requests of 700 prompt tokens + 1 decoded, caching off: vLLM's manager
   (allocate_slots for each prefill, one decode token each, free) against kvpool's manager with
-  ``add_request`` of the prompt as a list counted, one call per request and with
-  ``schedule_step``.
+  ``add_request`` counted: the prompt as a list (whose items kvpool type-checks), one call per
+  request and with ``schedule_step``, and as an int64 array (only measured).
 * ``hash``: 32 prompts of 1,200 tokens (75 blocks) from lists, every hash algorithm.
 
 The short workloads (alloc, manager, hash) time 10 passes back to back per run, each on fresh
@@ -297,6 +297,18 @@ def race_manager(v: Any, race: Race) -> None:
         for rid in rids:
             mgr.free(rid)
 
+    arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+
+    def kv_per_request_arrays(mgr: Any) -> None:
+        for rid, p in zip(rids, arrays):
+            mgr.add_request(rid, p)
+            mgr.allocate_slots(rid, n_tokens - 1)
+        for rid in rids:
+            mgr.append_token_ids(rid, [1])
+            mgr.allocate_slots(rid, 1)
+        for rid in rids:
+            mgr.free(rid)
+
     def kv_step(mgr: Any) -> None:
         for rid, p in zip(rids, prompts):
             mgr.add_request(rid, p)
@@ -308,7 +320,9 @@ def race_manager(v: Any, race: Race) -> None:
     race.run("manager, 700-token requests, add_request counted", "prefill, decode, free",
              "µs/request", n_req * 1e3, {
                  "vllm": (vllm_run, vsetup), "one call per request": (kv_per_request, ksetup),
-                 "schedule_step": (kv_step, ksetup)}, repeat=REPEAT)
+                 "schedule_step": (kv_step, ksetup),
+                 "one call per request, prompts as int64 arrays": (kv_per_request_arrays, ksetup)},
+             repeat=REPEAT)
 
 
 def race_hash(v: Any, race: Race) -> None:
