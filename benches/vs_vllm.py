@@ -287,27 +287,20 @@ def race_manager(v: Any, race: Race) -> None:
     def ksetup() -> Any:
         return kvpool.KVCacheManager(pool_blocks, block_size, enable_caching=False)
 
-    def kv_per_request(mgr: Any) -> None:
-        for rid, p in zip(rids, prompts):
-            mgr.add_request(rid, p)
-            mgr.allocate_slots(rid, n_tokens - 1)
-        for rid in rids:
-            mgr.append_token_ids(rid, [1])
-            mgr.allocate_slots(rid, 1)
-        for rid in rids:
-            mgr.free(rid)
+    def kv_per_request(prompt_forms: list[Any]) -> Callable[[Any], None]:
+        """The scheduler's calls one request at a time, the prompts given as ``prompt_forms``."""
+        def run(mgr: Any) -> None:
+            for rid, p in zip(rids, prompt_forms):
+                mgr.add_request(rid, p)
+                mgr.allocate_slots(rid, n_tokens - 1)
+            for rid in rids:
+                mgr.append_token_ids(rid, [1])
+                mgr.allocate_slots(rid, 1)
+            for rid in rids:
+                mgr.free(rid)
+        return run
 
     arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
-
-    def kv_per_request_arrays(mgr: Any) -> None:
-        for rid, p in zip(rids, arrays):
-            mgr.add_request(rid, p)
-            mgr.allocate_slots(rid, n_tokens - 1)
-        for rid in rids:
-            mgr.append_token_ids(rid, [1])
-            mgr.allocate_slots(rid, 1)
-        for rid in rids:
-            mgr.free(rid)
 
     def kv_step(mgr: Any) -> None:
         for rid, p in zip(rids, prompts):
@@ -319,9 +312,9 @@ def race_manager(v: Any, race: Race) -> None:
 
     race.run("manager, 700-token requests, add_request counted", "prefill, decode, free",
              "µs/request", n_req * 1e3, {
-                 "vllm": (vllm_run, vsetup), "one call per request": (kv_per_request, ksetup),
+                 "vllm": (vllm_run, vsetup), "one call per request": (kv_per_request(prompts), ksetup),
                  "schedule_step": (kv_step, ksetup),
-                 "one call per request, prompts as int64 arrays": (kv_per_request_arrays, ksetup)},
+                 "one call per request, prompts as int64 arrays": (kv_per_request(arrays), ksetup)},
              repeat=REPEAT)
 
 
