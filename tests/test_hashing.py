@@ -381,10 +381,9 @@ def test_encode_hash_input_matches_cbor2(value: Any, algo: str) -> None:
 @needs_core
 @pytest.mark.parametrize("algo", PICKLE_ALGOS)
 @SETTINGS
-@given(value=values_st.map(fresh))
+@given(value=values_st)
 def test_encode_hash_input_matches_pickle(value: Any, algo: str) -> None:
     expected = pickle.dumps(value, protocol=5)
-    assume(not has_memo_get(expected))
     assert core.encode_hash_input(value, algo) == expected
     assert ref.encode_hash_input(value, algo) == expected
 
@@ -392,9 +391,8 @@ def test_encode_hash_input_matches_pickle(value: Any, algo: str) -> None:
 @needs_core
 @pytest.mark.parametrize("algo", ALGOS)
 @SETTINGS
-@given(value=values_st.map(fresh))
+@given(value=values_st)
 def test_hash_value_matches_hashlib_and_xxhash(value: Any, algo: str) -> None:
-    assume(algo in CBOR_ALGOS or not has_memo_get(pickle.dumps(value, protocol=5)))
     expected = H(algo, value)
     assert len(expected) == ref.DIGEST_LEN[algo]
     assert core.hash_value(value, algo) == expected
@@ -447,9 +445,13 @@ def test_defaults_are_sha256_cbor_and_the_fixed_seed() -> None:
 )
 def test_hash_block_is_hash_of_the_triple(algo: str, parent: bytes | None, tokens: list[int], extra: Any) -> None:
     parent = fresh(parent)
+    if parent == b"":
+        for hasher in hashers(16, algo):
+            with pytest.raises(HashWidthError):
+                hasher.hash_block(parent, tokens, extra)
+        return
     none_hash = H(algo, "vllm-none-hash")
     triple = (parent or none_hash, tuple(tokens), extra)
-    assume(algo in CBOR_ALGOS or not has_memo_get(pickle.dumps(triple, protocol=5)))
     expected = H(algo, triple)
     for hasher in hashers(16, algo):
         assert hasher.hash_block(parent, tokens, extra) == expected

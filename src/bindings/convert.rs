@@ -9,7 +9,11 @@ use numpy::{
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyMemoryView,
+    PySet, PyString, PyTuple, PyType,
+};
 
 use super::errors::{error, ErrorKind};
 use crate::pool::first_out_of_range;
@@ -18,6 +22,13 @@ use crate::pool::first_out_of_range;
 /// `InvalidArgumentError` naming `what`.
 pub fn int_arg(obj: &Bound<'_, PyAny>, what: &str, min: i64, max: i64) -> PyResult<i64> {
     let py = obj.py();
+    if obj.is_instance_of::<PyBool>() {
+        return Err(error(
+            py,
+            ErrorKind::Dtype,
+            format!("{what} must be an int, got bool"),
+        ));
+    }
     match obj.extract::<i64>() {
         Ok(v) if (min..=max).contains(&v) => Ok(v),
         Ok(v) => Err(error(
@@ -77,6 +88,9 @@ fn dtype_error(obj: &Bound<'_, PyAny>, what: &str) -> PyErr {
 /// Integers of any width from `obj` (a 1-D numpy integer array or a sequence of
 /// ints), appended to `out` as `i64`.
 pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> PyResult<()> {
+    if let Some(copy) = aligned_copy(obj, what)? {
+        return extract_i64s(&copy, what, out);
+    }
     if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
         let ro = arr.try_readonly().map_err(|_| dtype_error(obj, what))?;
         match ro.as_slice() {
@@ -122,7 +136,7 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
             .map_err(|_| dtype_error(obj, what))?;
         return extract_i64s(&as_i64, what, out);
     }
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+    if not_a_sequence_of_ints(obj) {
         return Err(dtype_error(obj, what));
     }
     if let Ok(list) = obj.cast::<PyList>() {
@@ -149,10 +163,77 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
     Ok(())
 }
 
+/// True for objects that iterate but are not an ordered sequence of ints: `str`,
+/// the bytes-like types (whose items are bytes, not ids), and the unordered `dict`
+/// and `set` types.
+fn not_a_sequence_of_ints(obj: &Bound<'_, PyAny>) -> bool {
+    obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PyMemoryView>()
+        || obj.is_instance_of::<PyDict>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>()
+}
+
+/// True when `obj`'s type is exactly `numpy.ndarray` (not a subclass such as a
+/// masked array); one pointer comparison after the first call.
+fn is_plain_ndarray(obj: &Bound<'_, PyAny>) -> bool {
+    static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let py = obj.py();
+    let ndarray = NDARRAY.get_or_try_init(py, || -> PyResult<Py<PyType>> {
+        Ok(numpy::get_array_module(py)?
+            .getattr("ndarray")?
+            .cast_into::<PyType>()?
+            .unbind())
+    });
+    match ndarray {
+        Ok(t) => obj.get_type().is(t.bind(py)),
+        Err(_) => false,
+    }
+}
+
+/// Checks the numpy arrays that cannot be read in place: a masked array is a
+/// `DtypeError` (its mask would be ignored); a misaligned or byte-swapped one is
+/// copied by numpy into an aligned, native one, which is returned. `None` for
+/// every other object, plain aligned arrays included (one type check).
+pub fn aligned_copy<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = obj.py();
+    let exact = is_plain_ndarray(obj);
+    let arr = match obj.cast::<PyUntypedArray>() {
+        Ok(arr) => arr,
+        Err(_) => return Ok(None),
+    };
+    if !exact && obj.hasattr(pyo3::intern!(py, "mask"))? {
+        return Err(error(
+            py,
+            ErrorKind::Dtype,
+            format!(
+                "{what} must not be a masked array (its mask would be ignored); pass .compressed() or .filled()"
+            ),
+        ));
+    }
+    if arr.is_aligned() && arr.dtype().is_native_byteorder() != Some(false) {
+        return Ok(None);
+    }
+    let native = arr
+        .dtype()
+        .call_method1(pyo3::intern!(py, "newbyteorder"), ("=",))?;
+    let copy = arr.call_method1(pyo3::intern!(py, "astype"), (native,))?;
+    Ok(Some(copy))
+}
+
 #[inline]
 fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
-    // Ints (and numpy ints, via __index__) succeed at once; floats and str have no
-    // __index__, so they fail here and are classified below.
+    // Plain ints (and numpy ints, via __index__) succeed at once; bools are ints to
+    // Python but never ids or counts; floats and str have no __index__, so they fail
+    // and are classified below.
+    if !item.is_exact_instance_of::<PyInt>() && item.is_instance_of::<PyBool>() {
+        return Err(dtype_error(container, what));
+    }
     match item.extract::<i64>() {
         Ok(v) => Ok(v),
         Err(_) if item.is_instance_of::<PyFloat>() || item.is_instance_of::<PyString>() => {
@@ -178,8 +259,9 @@ pub fn extract_block_ids(
     num_blocks: u32,
     out: &mut Vec<u32>,
 ) -> PyResult<()> {
-    if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
-        if arr.is_aligned() {
+    let plain = is_plain_ndarray(obj);
+    if let Some(arr) = obj.cast::<PyArray1<i32>>().ok().filter(|_| plain) {
+        if arr.is_aligned() && arr.dtype().is_native_byteorder() != Some(false) {
             let start = out.len();
             match arr.to_vec() {
                 Ok(v) if start == 0 => *out = bytemuck::allocation::cast_vec(v),
@@ -354,6 +436,9 @@ pub fn bool_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
 
 /// Unsigned 64-bit ints from a 1-D numpy integer array (signed ones must be >= 0).
 pub fn extract_u64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<u64>) -> PyResult<()> {
+    if let Some(copy) = aligned_copy(obj, what)? {
+        return extract_u64s(&copy, what, out);
+    }
     if let Ok(arr) = obj.cast::<PyArray1<u64>>() {
         let ro = arr.try_readonly().map_err(|_| dtype_error(obj, what))?;
         out.extend(ro.as_array().iter().copied());
@@ -391,7 +476,10 @@ pub fn with_i64s<R>(
     what: &str,
     f: impl FnOnce(&[i64]) -> R,
 ) -> PyResult<R> {
-    if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
+    let plain = is_plain_ndarray(obj);
+    if let Some(arr) = obj.cast::<PyArray1<i64>>().ok().filter(|a| {
+        plain && a.is_aligned() && a.dtype().is_native_byteorder() != Some(false)
+    }) {
         if let Ok(ro) = arr.try_readonly() {
             if let Ok(slice) = ro.as_slice() {
                 return Ok(f(slice));
@@ -409,6 +497,9 @@ pub fn with_i64s<R>(
 /// other iterables) is converted, and so checked, by [`extract_i64s`]. Plain ints
 /// are not range-checked here: their values are never read.
 pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    if let Some(copy) = aligned_copy(obj, what)? {
+        return count_tokens(&copy, what);
+    }
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         let kind = arr.dtype().kind();
         if arr.ndim() == 1 && (kind == b'i' || kind == b'u') {
@@ -437,16 +528,27 @@ pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
 pub fn opt_str_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
     match obj.filter(|o| !o.is_none()) {
         None => Ok(None),
-        Some(o) => o
-            .cast::<PyString>()
-            .map_err(|_| {
+        Some(o) => {
+            let s = o.cast::<PyString>().map_err(|_| {
                 error(
                     o.py(),
                     ErrorKind::Dtype,
                     format!("{what} must be a str, got {}", type_name(o)),
                 )
-            })?
-            .to_str()
-            .map(|s| Some(s.to_owned())),
+            })?;
+            Ok(Some(utf8_str(s, what)?.to_owned()))
+        }
     }
+}
+
+/// A `str`'s UTF-8 form; a `str` with lone surrogates (which UTF-8 cannot encode) is
+/// an `InvalidArgumentError` naming `what`.
+pub fn utf8_str<'a>(s: &'a Bound<'_, PyString>, what: &str) -> PyResult<&'a str> {
+    s.to_str().map_err(|_| {
+        error(
+            s.py(),
+            ErrorKind::InvalidArgument,
+            format!("{what} is not encodable as UTF-8 (it holds a lone surrogate)"),
+        )
+    })
 }

@@ -6,11 +6,13 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyString, PyTuple};
 
-use super::convert::{extract_i64s, int_arg, opt_str_arg, type_name, with_i64s};
+use super::convert::{extract_i64s, int_arg, opt_str_arg, type_name, utf8_str, with_i64s};
 use super::errors::{error, ErrorKind};
 pub use super::hash_list::PyBlockHashList;
 use super::locking::{with_detached, with_lock};
-use crate::pool::hashing::{self, none_hash, BlockHasher, Encoding, HashAlgo, MmFeature, Value};
+use crate::pool::hashing::{
+    self, none_hash, BlockHasher, ExtraObjects, HashAlgo, MmFeature, ObjectId, Value, MAX_DEPTH,
+};
 use crate::pool::{HashSlice, SequenceExtras};
 
 /// Resolves a hash algorithm name (`None`: `sha256_cbor`).
@@ -42,27 +44,42 @@ pub fn extract_extras(
         o.filter(|o| !o.is_none())
     }
     let mut extras = SequenceExtras::default();
+    let mut objects = ObjectIds::new(py);
     if let Some(lora) = some(lora) {
-        let pair: (String, String) = lora.extract().map_err(|_| {
-            error(
-                py,
-                ErrorKind::Dtype,
-                format!(
-                    "lora must be a (name, path) tuple of str, got {}",
-                    type_name(lora)
-                ),
-            )
-        })?;
-        extras.lora = Some(pair);
+        let pair = lora
+            .cast::<PyTuple>()
+            .ok()
+            .filter(|t| t.len() == 2)
+            .and_then(|t| {
+                let (name, path) = (t.get_item(0).ok()?, t.get_item(1).ok()?);
+                (name.is_instance_of::<PyString>() && path.is_instance_of::<PyString>())
+                    .then_some((name, path))
+            })
+            .ok_or_else(|| {
+                error(
+                    py,
+                    ErrorKind::Dtype,
+                    format!(
+                        "lora must be a (name, path) tuple of str, got {}",
+                        type_name(lora)
+                    ),
+                )
+            })?;
+        extras.objects.lora_name = objects.id(&pair.0);
+        extras.objects.lora_path = objects.id(&pair.1);
+        extras.lora = Some((str_of(&pair.0, "lora name")?, str_of(&pair.1, "lora path")?));
     }
-    extras.cache_salt = opt_str_arg(cache_salt, "cache_salt")?;
+    if let Some(salt) = some(cache_salt) {
+        extras.cache_salt = opt_str_arg(Some(salt), "cache_salt")?;
+        extras.objects.cache_salt = objects.id(salt);
+    }
     if let Some(mm) = some(mm_features) {
         for item in mm
             .try_iter()
             .map_err(|_| error(py, ErrorKind::Dtype, "mm_features must be a sequence"))?
         {
             let item = item?;
-            let (identifier, offset, length): (String, Bound<'_, PyAny>, Bound<'_, PyAny>) =
+            let (identifier, offset, length): (Bound<'_, PyString>, Bound<'_, PyAny>, Bound<'_, PyAny>) =
                 item.extract().map_err(|_| {
                     error(
                         py,
@@ -75,9 +92,12 @@ pub fn extract_extras(
                 })?;
             let offset = int_arg(&offset, "mm feature offset", 0, i64::MAX)?;
             let length = int_arg(&length, "mm feature length", 0, i64::MAX)?;
-            extras
-                .mm_features
-                .push(MmFeature::new(identifier, offset as usize, length as usize));
+            extras.objects.mm_identifiers.push(objects.id(&identifier));
+            extras.mm_features.push(MmFeature::new(
+                str_of(&identifier, "an mm feature identifier")?,
+                offset as usize,
+                length as usize,
+            ));
         }
     }
     if let Some(digests) = some(prompt_embed_digests) {
@@ -118,11 +138,109 @@ pub fn extract_extras(
     Ok(extras)
 }
 
-/// A Python value as a hash-input [`Value`]: None, int, bytes, str and tuples of them.
+/// A `str` argument's UTF-8 form, owned.
+fn str_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    let s = obj.cast::<PyString>().map_err(|_| {
+        error(
+            obj.py(),
+            ErrorKind::Dtype,
+            format!("{what} must be a str, got {}", type_name(obj)),
+        )
+    })?;
+    Ok(utf8_str(s, what)?.to_owned())
+}
+
+/// Numbers the caller's `str` objects by identity for pickle's memo: vLLM's tag
+/// literals (interned strings) get their [`ExtraObjects`] ids, other objects ids
+/// of their own; a subclass instance, which kvpool copies, is distinct.
+struct ObjectIds<'py> {
+    tags: [(Bound<'py, PyString>, ObjectId); 4],
+    seen: hashbrown::HashMap<usize, ObjectId>,
+}
+
+impl<'py> ObjectIds<'py> {
+    fn new(py: Python<'py>) -> Self {
+        Self {
+            tags: [
+                (PyString::intern(py, "lora"), ExtraObjects::LORA_TAG),
+                (PyString::intern(py, "mm"), ExtraObjects::MM_TAG),
+                (PyString::intern(py, "cache_salt"), ExtraObjects::CACHE_SALT_TAG),
+                (PyString::intern(py, "prompt_embeds"), ExtraObjects::PROMPT_EMBEDS_TAG),
+            ],
+            seen: hashbrown::HashMap::new(),
+        }
+    }
+
+    fn id(&mut self, obj: &Bound<'_, PyAny>) -> ObjectId {
+        if !obj.is_exact_instance_of::<PyString>() {
+            return ExtraObjects::DISTINCT;
+        }
+        let addr = obj.as_ptr() as usize;
+        if let Some((_, id)) = self.tags.iter().find(|(t, _)| t.as_ptr() as usize == addr) {
+            return *id;
+        }
+        let next = ExtraObjects::FIRST_FREE + self.seen.len() as ObjectId;
+        *self.seen.entry(addr).or_insert(next)
+    }
+}
+
+/// A Python value as a hash-input [`Value`]: None, int, bytes, str and tuples of
+/// them, at most [`MAX_DEPTH`] tuples deep (deeper is an `InvalidArgumentError`).
+///
+/// Object identity is kept for pickle: a `str`, `bytes` or tuple object that occurs
+/// more than once becomes [`Value::Shared`], so it pickles as Python's pickler writes
+/// it (in full once, then memo references). Subclass instances are made plain,
+/// i.e. fresh objects, and so is a tuple holding any.
 pub fn to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
+    let mut seen = Vec::new();
+    let (plain, _) = convert_value(obj, 0, &mut Identity::Record(&mut seen))?;
+    seen.sort_unstable();
+    let mut repeated: Vec<usize> = seen
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0])
+        .collect();
+    if repeated.is_empty() {
+        return Ok(plain);
+    }
+    repeated.dedup();
+    Ok(convert_value(obj, 0, &mut Identity::Wrap(&repeated))?.0)
+}
+
+/// What [`convert_value`] does with the addresses of the objects it keeps.
+enum Identity<'a> {
+    /// Collects them, in visiting order.
+    Record(&'a mut Vec<usize>),
+    /// Wraps those listed (sorted) in [`Value::Shared`], numbered by position.
+    Wrap(&'a [usize]),
+}
+
+impl Identity<'_> {
+    fn keep(&mut self, obj: &Bound<'_, PyAny>, value: Value) -> Value {
+        let addr = obj.as_ptr() as usize;
+        match self {
+            Identity::Record(seen) => {
+                seen.push(addr);
+                value
+            }
+            Identity::Wrap(repeated) => match repeated.binary_search(&addr) {
+                Ok(i) => Value::Shared(i as u32, Box::new(value)),
+                Err(_) => value,
+            },
+        }
+    }
+}
+
+/// `obj` as a [`Value`], and whether it is the caller's object itself (exact
+/// types) rather than a plain copy.
+fn convert_value(
+    obj: &Bound<'_, PyAny>,
+    depth: usize,
+    identity: &mut Identity<'_>,
+) -> PyResult<(Value, bool)> {
     let py = obj.py();
     if obj.is_none() {
-        return Ok(Value::None);
+        return Ok((Value::None, true));
     }
     if obj.is_instance_of::<PyBool>() {
         return Err(error(
@@ -132,26 +250,53 @@ pub fn to_value(obj: &Bound<'_, PyAny>) -> PyResult<Value> {
         ));
     }
     if let Ok(b) = obj.cast::<PyBytes>() {
-        return Ok(Value::bytes(b.as_bytes()));
+        let value = Value::bytes(b.as_bytes());
+        return Ok(if obj.is_exact_instance_of::<PyBytes>() {
+            (identity.keep(obj, value), true)
+        } else {
+            (value, false)
+        });
     }
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(Value::Str(s.to_str()?.to_owned()));
+        let value = Value::Str(utf8_str(s, "a hash-input str")?.to_owned());
+        return Ok(if obj.is_exact_instance_of::<PyString>() {
+            (identity.keep(obj, value), true)
+        } else {
+            (value, false)
+        });
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
-        return t
-            .iter()
-            .map(|item| to_value(&item))
-            .collect::<PyResult<Vec<_>>>()
-            .map(Value::Tuple);
+        if depth >= MAX_DEPTH {
+            return Err(error(
+                py,
+                ErrorKind::InvalidArgument,
+                format!("hash inputs may nest tuples at most {MAX_DEPTH} levels deep"),
+            ));
+        }
+        let mut items = Vec::with_capacity(t.len());
+        let mut all_kept = obj.is_exact_instance_of::<PyTuple>();
+        for item in t.iter() {
+            let (value, kept) = convert_value(&item, depth + 1, identity)?;
+            all_kept &= kept;
+            items.push(value);
+        }
+        let value = Value::Tuple(items);
+        // The empty tuple is one shared object that pickle never memoizes.
+        return Ok(if all_kept && !t.is_empty() {
+            (identity.keep(obj, value), true)
+        } else {
+            (value, all_kept)
+        });
     }
     if obj.is_instance_of::<pyo3::types::PyInt>() {
-        return obj.extract::<i128>().map(Value::Int).map_err(|_| {
+        let v = obj.extract::<i128>().map_err(|_| {
             error(
                 py,
                 ErrorKind::InvalidArgument,
                 "hash-input ints must fit in 128 bits",
             )
-        });
+        })?;
+        return Ok((Value::Int(v), obj.is_exact_instance_of::<pyo3::types::PyInt>()));
     }
     Err(error(
         py,
@@ -332,9 +477,9 @@ impl PyBlockHasher {
     }
 
     /// One block's hash: ``H((parent or NONE_HASH, tuple(token_ids), extra_keys))``,
-    /// ``extra_keys`` any None/int/bytes/str/tuple value (vLLM's tagged tuples). With a
-    /// pickle-based algorithm and extra keys, Python's pickler encodes: pickle's memo
-    /// depends on which of the caller's objects are shared, which only it can see.
+    /// ``extra_keys`` any None/int/bytes/str/tuple value (vLLM's tagged tuples). For the
+    /// pickle algorithms, objects the caller shares (the same str twice, vLLM's tag
+    /// literals) are memo references, as in Python's pickle.
     #[pyo3(signature = (parent, token_ids, extra_keys=None))]
     fn hash_block<'py>(
         &self,
@@ -346,8 +491,8 @@ impl PyBlockHasher {
         let mut tokens = Vec::new();
         extract_i64s(token_ids, "token_ids", &mut tokens)?;
         let extra_keys = extra_keys.filter(|e| !e.is_none());
-        let extra = extra_keys.map(to_value).transpose()?;
-        let parent = match parent.filter(|p| !p.is_none()) {
+        let parent_obj = parent.filter(|p| !p.is_none());
+        let parent = match parent_obj {
             None => None,
             Some(p) => Some(p.cast::<PyBytes>().map_err(|_| {
                 error(
@@ -357,22 +502,43 @@ impl PyBlockHasher {
                 )
             })?),
         };
-        let parent = parent
-            .map(|p| p.as_bytes())
-            .filter(|p| !p.is_empty())
-            .unwrap_or(&self.none_hash);
-        if let (Some(keys), Encoding::Pickle) = (extra_keys, self.algo.encoding()) {
-            // pickle memoizes by object identity (vLLM's tag strings are shared interned
-            // objects): only Python's own pickler knows which of the caller's objects are
-            // shared, so it encodes and Rust hashes.
-            let tuple = (PyBytes::new(py, parent), PyTuple::new(py, &tokens)?, keys);
-            let bytes = py.import("pickle")?.call_method1("dumps", (tuple, 5))?;
-            let bytes = bytes.cast::<PyBytes>()?;
-            return Ok(PyBytes::new(py, &self.algo.digest_bytes(bytes.as_bytes())));
-        }
-        let digest = with_lock(py, &self.hasher, |hasher| {
-            hasher.hash_block(parent, &tokens, extra.as_ref())
-        });
+        let parent = match parent.map(|p| p.as_bytes()) {
+            None => &self.none_hash[..],
+            Some(p) if !p.is_empty() && p.len() <= crate::pool::MAX_HASH_WIDTH => p,
+            Some(p) => {
+                return Err(error(
+                    py,
+                    ErrorKind::HashWidth,
+                    format!(
+                        "parent is {} bytes wide; a hash must have 1 to 32 bytes (None for no parent)",
+                        p.len()
+                    ),
+                ))
+            }
+        };
+        // The parent is the pickle's first object: if the extra keys hold that very
+        // object, pickle writes it there as a memo reference, so the identities are
+        // taken over both, and the whole triple is hashed as one value.
+        let (parent_value, extra) = match (parent_obj, extra_keys) {
+            (Some(p), Some(e)) => match to_value(PyTuple::new(py, [p, e])?.as_any())? {
+                Value::Tuple(mut pair) if pair.len() == 2 => {
+                    let e = pair.pop();
+                    (pair.pop().filter(|p| matches!(p, Value::Shared(..))), e)
+                }
+                _ => return Err(error(py, ErrorKind::InvalidArgument, "unconvertible hash input")),
+            },
+            (_, e) => (None, e.map(to_value).transpose()?),
+        };
+        let digest = match parent_value {
+            Some(parent_value) => {
+                let tokens = Value::tuple(tokens.iter().map(|&t| Value::from(t)));
+                let whole = Value::tuple([parent_value, tokens, extra.unwrap_or(Value::None)]);
+                self.algo.hash_value(&whole)
+            }
+            None => with_lock(py, &self.hasher, |hasher| {
+                hasher.hash_block(parent, &tokens, extra.as_ref())
+            }),
+        };
         Ok(PyBytes::new(py, &digest))
     }
 

@@ -280,7 +280,12 @@ impl PyKVCacheManager {
         let ids = super::requests::request_ids(request_ids)?;
         let stop = opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?;
         let per_request = |obj: &Bound<'_, PyAny>, what: &str| -> PyResult<Vec<usize>> {
-            if let Ok(n) = obj.extract::<i64>() {
+            if let Ok(n) = obj
+                .extract::<i64>()
+                .ok()
+                .filter(|_| !obj.is_instance_of::<pyo3::types::PyBool>())
+                .ok_or(())
+            {
                 if n < 0 {
                     return Err(error(
                         py,

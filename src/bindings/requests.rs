@@ -3,14 +3,14 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyString};
 
-use super::convert::type_name;
+use super::convert::{type_name, utf8_str};
 use super::errors::{error, ErrorKind};
 use crate::pool::RequestId;
 
 /// A request id: a `str` or an `int` (kept distinct).
 pub fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(RequestId::Str(s.to_str()?.into()));
+        return Ok(RequestId::Str(utf8_str(s, "a request id")?.into()));
     }
     if !obj.is_instance_of::<PyBool>() {
         if let Ok(i) = obj.extract::<i64>() {

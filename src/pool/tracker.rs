@@ -31,7 +31,9 @@ use hashbrown::HashMap;
 use super::block_pool::BlockPool;
 use super::error::{PoolError, PoolResult};
 use super::hash_key::HashSlice;
-use super::hashing::{none_hash, BlockHasher, Digest, ExtraKeyInputs, HashAlgo, MmFeature};
+use super::hashing::{
+    none_hash, BlockHasher, Digest, ExtraKeyInputs, ExtraObjects, HashAlgo, MmFeature,
+};
 use super::request_id::RequestId;
 
 /// A sequence's request-level inputs to its block hashes' extra keys (owned).
@@ -45,6 +47,8 @@ pub struct SequenceExtras {
     pub mm_features: Vec<MmFeature>,
     /// Per-block SHA-256 digests of prompt embeddings, for prompt-embeds requests.
     pub prompt_embed_digests: Option<Vec<[u8; 32]>>,
+    /// Which of the strings above are one Python object (for pickle's memo).
+    pub objects: ExtraObjects,
 }
 
 impl SequenceExtras {
@@ -58,6 +62,7 @@ impl SequenceExtras {
             mm_features: &self.mm_features,
             cache_salt: self.cache_salt.as_deref(),
             prompt_embed_digests: self.prompt_embed_digests.as_deref(),
+            objects: Some(&self.objects),
         }
     }
 

@@ -275,9 +275,10 @@ class RequestExtras:
 NO_EXTRAS = RequestExtras()
 
 
-def _fresh(text: str) -> str:
-    """A new ``str`` object equal to ``text`` (CPython shares "" and one-character strings)."""
-    return text[:1] + text[1:]
+def _plain(text: str) -> str:
+    """``text`` itself if it is a plain ``str``, else a plain copy: the caller's objects are
+    kept, so pickle's memo sees the objects vLLM's would (see ``kvpool.reference.hashing``)."""
+    return text if type(text) is str else str.__str__(text)
 
 
 def _mm_feature(item: Any) -> MmFeature:
@@ -290,7 +291,7 @@ def _mm_feature(item: Any) -> MmFeature:
     length = as_int_arg(item[2], "mm feature length")
     if offset < 0 or length < 0:
         raise InvalidArgumentError("mm feature offset and length must be >= 0")
-    return MmFeature(_fresh(item[0]), offset, length)
+    return MmFeature(_plain(item[0]), offset, length)
 
 
 def _digest(item: Any) -> bytes:
@@ -313,14 +314,14 @@ def as_request_extras(
     ``DtypeError`` for a wrong type (``lora`` must be a ``(name, path)`` tuple of ``str``,
     ``cache_salt`` a ``str``, each mm feature an ``(identifier, offset, length)`` tuple, each
     digest ``bytes``); ``InvalidArgumentError`` for a negative mm offset or length, or mm
-    features not sorted by offset; ``HashWidthError`` for a digest not of 32 bytes. Every
-    string is copied into a fresh object (see ``kvpool.reference.hashing``, "Object identity").
+    features not sorted by offset; ``HashWidthError`` for a digest not of 32 bytes. The
+    caller's ``str`` objects are kept (see ``kvpool.reference.hashing``, "Object identity").
     """
     lora_pair: tuple[str, str] | None = None
     if lora is not None:
         if not (isinstance(lora, tuple) and len(lora) == 2 and all(isinstance(x, str) for x in lora)):
             raise DtypeError(f"lora must be a (name, path) tuple of str, got {type(lora).__name__}")
-        lora_pair = (_fresh(lora[0]), _fresh(lora[1]))
+        lora_pair = (_plain(lora[0]), _plain(lora[1]))
     salt = as_opt_str_arg(cache_salt, "cache_salt")
     features: tuple[MmFeature, ...] = ()
     if mm_features is not None:
@@ -331,4 +332,4 @@ def as_request_extras(
         digests = tuple(_digest(item) for item in iterate(prompt_embed_digests, message))
     if any(a.offset > b.offset for a, b in zip(features, features[1:])):
         raise InvalidArgumentError("multimodal features must be sorted by offset")
-    return RequestExtras(lora_pair, None if salt is None else _fresh(salt), features, digests)
+    return RequestExtras(lora_pair, None if salt is None else _plain(salt), features, digests)

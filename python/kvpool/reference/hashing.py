@@ -31,13 +31,14 @@ first block without a prompt-embedding digest.
 
 Object identity. ``pickle`` memoizes ``str``/``bytes``/``tuple`` objects by identity: an object
 seen twice in one pickled value is written once and then referenced (``BINGET``). vLLM's hash
-input does repeat one object: the ``"mm"`` tag literal, in every multimodal entry, so a block
-touching two multimodal inputs pickles its second tag as a ``BINGET``. This module builds extra
-keys exactly as vLLM does, so it pickles the same bytes. Every string taken from the caller
-(LoRA name and path, cache salt, identifiers) is copied into a fresh object first, so equal
-strings from the caller are never shared (as in vLLM, where they come from separate objects);
-CPython's shared empty and one-character strings are the exception. CBOR does not depend on
-identity.
+input repeats objects in two ways: its tag literals (``"lora"``, ``"mm"``, ...) are one interned
+object each, so a block touching two multimodal inputs pickles its second ``"mm"`` as a
+``BINGET``; and the caller's own strings may be one object (a LoRA whose name and path are the
+same ``str``, one identifier object for two inputs, a name that *is* the interned ``"lora"``,
+CPython's shared empty and one-character strings). This module builds extra keys exactly as
+vLLM does and keeps the caller's objects, so it pickles the same bytes in every such case; so
+does the Rust extension, which records which of the caller's objects are the same. CBOR does
+not depend on identity.
 
 Example::
 
@@ -537,6 +538,10 @@ class BlockHasher:
         """
         if parent is not None and not isinstance(parent, bytes):
             raise DtypeError(f"parent must be bytes or None, not {type(parent).__name__}")
+        if parent is not None and not 1 <= len(parent) <= 32:
+            raise HashWidthError(
+                f"parent is {len(parent)} bytes wide; a hash must have 1 to 32 bytes (None for no parent)"
+            )
         tokens = as_token_ids(token_ids)
         keys = as_hash_input(extra_keys)
         return hash_block_tokens(self._hash_fn, self._none_hash, parent, tokens, keys)

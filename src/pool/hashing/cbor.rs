@@ -41,6 +41,7 @@ pub fn encode_cbor(value: &Value, out: &mut Vec<u8>) {
                 encode_cbor(item, out);
             }
         }
+        Value::Shared(_, inner) => encode_cbor(inner, out),
     }
 }
 

@@ -117,6 +117,64 @@ pub struct ExtraKeyInputs<'a> {
     /// embeddings (`hashlib.sha256(tensor_data(embeds[start:end])).digest()`),
     /// indexed by block. Blocks past the end of this slice cannot be hashed.
     pub prompt_embed_digests: Option<&'a [[u8; 32]]>,
+    /// Which of the strings above are one Python object (for pickle's memo);
+    /// `None`: all distinct, as if each were a fresh object.
+    pub objects: Option<&'a ExtraObjects>,
+}
+
+/// A Python object's identity within one request's extra keys: equal ids are the
+/// same object. Ids below [`ExtraObjects::FIRST_FREE`] are vLLM's tag literals.
+pub type ObjectId = u32;
+
+/// Which of a request's extra-key strings are one Python object, and which are one
+/// of vLLM's tag literals (interned strings: a LoRA named `"lora"` holds the very
+/// object vLLM's `"lora"` tag is).
+///
+/// Only pickle depends on it: the pickler writes an object seen before in the same
+/// pickle as a memo reference. The default says every string is its own object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ExtraObjects {
+    /// The LoRA name's object.
+    pub lora_name: ObjectId,
+    /// The LoRA path's object.
+    pub lora_path: ObjectId,
+    /// The cache salt's object.
+    pub cache_salt: ObjectId,
+    /// Each multimodal identifier's object, by feature (missing ones: distinct).
+    pub mm_identifiers: Vec<ObjectId>,
+}
+
+impl ExtraObjects {
+    /// The `"lora"` tag.
+    pub const LORA_TAG: ObjectId = 0;
+    /// The `"mm"` tag.
+    pub const MM_TAG: ObjectId = 1;
+    /// The `"cache_salt"` tag.
+    pub const CACHE_SALT_TAG: ObjectId = 2;
+    /// The `"prompt_embeds"` tag.
+    pub const PROMPT_EMBEDS_TAG: ObjectId = 3;
+    /// The first id for the caller's own objects.
+    pub const FIRST_FREE: ObjectId = 4;
+    /// An object shared with nothing else.
+    pub const DISTINCT: ObjectId = ObjectId::MAX;
+
+    fn mm(&self, index: usize) -> ObjectId {
+        self.mm_identifiers
+            .get(index)
+            .copied()
+            .unwrap_or(Self::DISTINCT)
+    }
+}
+
+impl Default for ExtraObjects {
+    fn default() -> Self {
+        Self {
+            lora_name: Self::DISTINCT,
+            lora_path: Self::DISTINCT,
+            cache_salt: Self::DISTINCT,
+            mm_identifiers: Vec::new(),
+        }
+    }
 }
 
 impl<'a> ExtraKeyInputs<'a> {
@@ -166,7 +224,9 @@ impl<'a> ExtraKeyInputs<'a> {
         let mm = cursor.advance(self.mm_features, start, end);
         Some(BlockExtraKeys {
             lora: self.lora,
+            mm_first: mm.start,
             mm_candidates: self.mm_features.get(mm).unwrap_or(&[]),
+            objects: self.objects,
             block_start: start,
             cache_salt: self.cache_salt.filter(|s| start == 0 && !s.is_empty()),
             prompt_embeds,
@@ -303,19 +363,43 @@ impl Tag {
     }
 }
 
-/// Memo indices of the tags already saved in one pickle. Each tag is a single
-/// Python object, so the pickler memoizes it on its first save and writes every
-/// later occurrence as a `BINGET` of that memo entry.
+/// Memo indices of the objects already saved in one pickle, by [`ObjectId`]: the
+/// pickler memoizes an object on its first save and writes every later occurrence
+/// as a memo reference. Up to 8 objects without allocating.
 #[derive(Default)]
-struct TagMemo([Option<usize>; 4]);
+struct ObjectMemo {
+    inline: [(ObjectId, usize); 8],
+    len: usize,
+    spill: Vec<(ObjectId, usize)>,
+}
 
-impl TagMemo {
+impl ObjectMemo {
+    fn get(&self, id: ObjectId) -> Option<usize> {
+        self.inline[..self.len]
+            .iter()
+            .chain(&self.spill)
+            .find(|(k, _)| *k == id)
+            .map(|&(_, index)| index)
+    }
+
+    /// Saves string `s`, the object `id`, in full or as a memo reference.
     #[inline]
-    fn save(&mut self, w: &mut PickleWriter<'_>, tag: Tag) {
-        let slot = &mut self.0[tag as usize];
-        match *slot {
+    fn save_str(&mut self, w: &mut PickleWriter<'_>, id: ObjectId, s: &str) {
+        if id == ExtraObjects::DISTINCT {
+            w.save_str(s);
+            return;
+        }
+        match self.get(id) {
             Some(index) => w.save_memo_get(index),
-            None => *slot = Some(w.save_str(tag.as_str())),
+            None => {
+                let index = w.save_str(s);
+                if self.len < self.inline.len() {
+                    self.inline[self.len] = (id, index);
+                    self.len += 1;
+                } else {
+                    self.spill.push((id, index));
+                }
+            }
         }
     }
 }
@@ -330,6 +414,10 @@ pub struct BlockExtraKeys<'a> {
     pub lora: Option<(&'a str, &'a str)>,
     /// The multimodal inputs the walk visited; those ending after `block_start` are keys.
     mm_candidates: &'a [MmFeature],
+    /// Index of `mm_candidates[0]` among the request's features.
+    mm_first: usize,
+    /// Which strings are one object (`None`: all distinct).
+    objects: Option<&'a ExtraObjects>,
     block_start: u128,
     /// The cache salt, if this block carries it.
     pub cache_salt: Option<&'a str>,
@@ -342,6 +430,8 @@ impl<'a> BlockExtraKeys<'a> {
     pub const NONE: BlockExtraKeys<'static> = BlockExtraKeys {
         lora: None,
         mm_candidates: &[],
+        mm_first: 0,
+        objects: None,
         block_start: 0,
         cache_salt: None,
         prompt_embeds: None,
@@ -372,38 +462,49 @@ impl<'a> BlockExtraKeys<'a> {
     }
 
     /// The keys as a Python value: `None` when empty, else the tuple of tagged
-    /// tuples.
-    ///
-    /// Its CBOR is the keys' CBOR. Its pickle ([`super::encode_pickle`]) is the
-    /// keys' pickle only while no tag repeats: a [`Value`] has no object
-    /// identity, so a block with two multimodal inputs pickles its second `"mm"`
-    /// in full where vLLM's pickle has a `BINGET`. Hash keys with
-    /// [`super::BlockHasher::hash_block_keys`], not through this value.
+    /// tuples, with the tags and the caller's shared strings as [`Value::Shared`],
+    /// so that its pickle ([`super::encode_pickle`]) and its CBOR are the keys'.
     pub fn to_value(&self) -> Option<Value> {
         if self.is_empty() {
             return None;
         }
-        let tag = |t: Tag| Value::from(t.as_str());
+        let default_objects = ExtraObjects::default();
+        let objects = self.objects.unwrap_or(&default_objects);
+        let object = |id: ObjectId, s: &str| match id {
+            ExtraObjects::DISTINCT => Value::from(s),
+            id => Value::Shared(id, Box::new(Value::from(s))),
+        };
+        let tag = |id: ObjectId, t: Tag| object(id, t.as_str());
         let mut items = Vec::with_capacity(self.len());
         if let Some((name, path)) = self.lora {
             items.push(Value::tuple([
-                tag(Tag::Lora),
-                Value::from(name),
-                Value::from(path),
+                tag(ExtraObjects::LORA_TAG, Tag::Lora),
+                object(objects.lora_name, name),
+                object(objects.lora_path, path),
             ]));
         }
-        for (id, off) in self.mm_entries() {
+        let start = self.block_start;
+        for (i, f) in self.mm_candidates.iter().enumerate() {
+            if f.end() <= start {
+                continue;
+            }
             items.push(Value::tuple([
-                tag(Tag::Mm),
-                Value::from(id),
-                Value::Int(off),
+                tag(ExtraObjects::MM_TAG, Tag::Mm),
+                object(objects.mm(self.mm_first + i), &f.identifier),
+                Value::Int(f.start() as i128 - start as i128),
             ]));
         }
         if let Some(salt) = self.cache_salt {
-            items.push(Value::tuple([tag(Tag::CacheSalt), Value::from(salt)]));
+            items.push(Value::tuple([
+                tag(ExtraObjects::CACHE_SALT_TAG, Tag::CacheSalt),
+                object(objects.cache_salt, salt),
+            ]));
         }
         if let Some(d) = self.prompt_embeds {
-            items.push(Value::tuple([tag(Tag::PromptEmbeds), Value::bytes(d)]));
+            items.push(Value::tuple([
+                tag(ExtraObjects::PROMPT_EMBEDS_TAG, Tag::PromptEmbeds),
+                Value::bytes(d),
+            ]));
         }
         Some(Value::Tuple(items))
     }
@@ -448,31 +549,38 @@ impl<'a> BlockExtraKeys<'a> {
             w.save_none();
             return;
         }
-        let mut tags = TagMemo::default();
+        let default_objects = ExtraObjects::default();
+        let objects = self.objects.unwrap_or(&default_objects);
+        let mut memo = ObjectMemo::default();
         w.begin_tuple(n);
         if let Some((name, path)) = self.lora {
             w.begin_tuple(3);
-            tags.save(w, Tag::Lora);
-            w.save_str(name);
-            w.save_str(path);
+            memo.save_str(w, ExtraObjects::LORA_TAG, Tag::Lora.as_str());
+            memo.save_str(w, objects.lora_name, name);
+            memo.save_str(w, objects.lora_path, path);
             w.end_tuple(3);
         }
-        for (id, off) in self.mm_entries() {
+        let start = self.block_start;
+        for (i, f) in self.mm_candidates.iter().enumerate() {
+            if f.end() <= start {
+                continue;
+            }
             w.begin_tuple(3);
-            tags.save(w, Tag::Mm);
-            w.save_str(id);
-            w.save_int(off);
+            memo.save_str(w, ExtraObjects::MM_TAG, Tag::Mm.as_str());
+            memo.save_str(w, objects.mm(self.mm_first + i), &f.identifier);
+            // start < end <= 2 * usize::MAX here, so both fit in an i128.
+            w.save_int(f.start() as i128 - start as i128);
             w.end_tuple(3);
         }
         if let Some(salt) = self.cache_salt {
             w.begin_tuple(2);
-            tags.save(w, Tag::CacheSalt);
-            w.save_str(salt);
+            memo.save_str(w, ExtraObjects::CACHE_SALT_TAG, Tag::CacheSalt.as_str());
+            memo.save_str(w, objects.cache_salt, salt);
             w.end_tuple(2);
         }
         if let Some(d) = self.prompt_embeds {
             w.begin_tuple(2);
-            tags.save(w, Tag::PromptEmbeds);
+            memo.save_str(w, ExtraObjects::PROMPT_EMBEDS_TAG, Tag::PromptEmbeds.as_str());
             w.save_bytes(d);
             w.end_tuple(2);
         }
@@ -498,6 +606,7 @@ mod tests {
                     .block_keys(b, block_size, &mut cursor)
                     .expect("hashable block")
                     .to_value()
+                    .map(|v| v.without_identity())
             })
             .collect()
     }
@@ -543,6 +652,7 @@ mod tests {
             mm_features: &f,
             cache_salt: Some("S"),
             prompt_embed_digests: Some(&d),
+            objects: None,
         };
         assert_eq!(
             keys_of(&inputs, 4, 0..2),
@@ -838,6 +948,7 @@ mod tests {
                 mm_features: &f,
                 cache_salt: Some("s"),
                 prompt_embed_digests: Some(&d),
+                objects: None,
             };
             let mut cursor = inputs.mm_cursor(start_block, block_size);
             for b in [block_index, block_index.wrapping_add(1), 0, 1, 2] {

@@ -47,6 +47,6 @@ mod vectors;
 pub use algo::{Digest, Encoding, HashAlgo, MAX_DIGEST_LEN};
 pub use cbor::encode_cbor;
 pub use chain::{hash_request_blocks, none_hash, BlockHasher, DEFAULT_NONE_HASH_SEED};
-pub use extra::{BlockExtraKeys, ExtraKeyInputs, MmCursor, MmFeature};
+pub use extra::{BlockExtraKeys, ExtraKeyInputs, ExtraObjects, MmCursor, MmFeature, ObjectId};
 pub use pickle::encode_pickle;
-pub use value::Value;
+pub use value::{Value, MAX_DEPTH};

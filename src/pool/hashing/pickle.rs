@@ -143,6 +143,8 @@ pub(super) struct PickleWriter<'a> {
     frame_start: Option<usize>,
     /// Number of objects memoized so far (the next `MEMOIZE`'s index).
     memo_len: usize,
+    /// Memo indices of the [`Value::Shared`] objects saved so far, by id.
+    shared: Vec<(u32, usize)>,
 }
 
 impl<'a> PickleWriter<'a> {
@@ -154,6 +156,7 @@ impl<'a> PickleWriter<'a> {
             out,
             frame_start: None,
             memo_len: 0,
+            shared: Vec::new(),
         }
     }
 
@@ -226,6 +229,20 @@ impl<'a> PickleWriter<'a> {
                     self.save(item);
                 }
                 self.end_tuple(items.len());
+            }
+            Value::Shared(id, inner) => {
+                match self.shared.iter().find(|(k, _)| k == id) {
+                    Some(&(_, index)) => self.save_memo_get(index),
+                    None => {
+                        let before = self.memo_len;
+                        self.save(inner);
+                        // The inner object was memoized last (a tuple after its items);
+                        // ints, None and the empty tuple are never memoized.
+                        if self.memo_len > before {
+                            self.shared.push((*id, self.memo_len - 1));
+                        }
+                    }
+                }
             }
         }
     }

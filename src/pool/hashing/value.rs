@@ -5,8 +5,13 @@
 /// Block hashes are computed over `(parent_hash, tuple(token_ids), extra_keys)`,
 /// where `extra_keys` is `None` or a tuple of tagged tuples of strings, bytes and
 /// ints. This enum covers exactly those types; it is what the CBOR and pickle
-/// encoders accept. It has no object identity: every `str`, `bytes` and tuple
-/// in it pickles as a distinct object (see the pickle module's notes).
+/// encoders accept. Object identity, which only pickle depends on, is explicit:
+/// every `str`, `bytes` and tuple pickles as a distinct object unless it is
+/// wrapped in [`Value::Shared`] (see the pickle module's notes).
+///
+/// Values nested deeper than [`MAX_DEPTH`] are rejected where they come from
+/// Python; the encoders recurse, so a Rust caller building values should check
+/// [`Value::depth`] against it too.
 ///
 /// ```
 /// use kvpool::pool::hashing::Value;
@@ -29,7 +34,16 @@ pub enum Value {
     Str(String),
     /// A Python `tuple` (lists are never part of hash inputs).
     Tuple(Vec<Value>),
+    /// One Python object that occurs more than once in the value: every
+    /// `Shared` with the same id is the same object, so pickle writes the first
+    /// one in full and memoizes it, and the others as memo references, as
+    /// Python's pickler does. CBOR writes the inner value each time.
+    Shared(u32, Box<Value>),
 }
+
+/// Deepest nesting of tuples accepted from Python (a block's hash input is 4
+/// levels deep; vLLM's extra keys 2).
+pub const MAX_DEPTH: usize = 100;
 
 impl Value {
     /// A tuple of the given items.
@@ -40,6 +54,42 @@ impl Value {
     /// A `bytes` value copied from `bytes`.
     pub fn bytes(bytes: &[u8]) -> Self {
         Value::Bytes(bytes.to_vec())
+    }
+
+    /// The value with [`Value::Shared`] wrappers removed (what CBOR sees).
+    pub fn unshared(&self) -> &Value {
+        let mut v = self;
+        while let Value::Shared(_, inner) = v {
+            v = inner;
+        }
+        v
+    }
+
+    /// A copy with every [`Value::Shared`] wrapper removed: the same Python value
+    /// built from distinct objects. Recursive: for values at most [`MAX_DEPTH`] deep.
+    pub fn without_identity(&self) -> Value {
+        match self.unshared() {
+            Value::Tuple(items) => Value::Tuple(items.iter().map(Value::without_identity).collect()),
+            other => other.clone(),
+        }
+    }
+
+    /// Levels of tuple nesting: 0 for a scalar, 1 for a tuple of scalars. Computed
+    /// without recursion, so it is safe on any value.
+    pub fn depth(&self) -> usize {
+        let mut deepest = 0;
+        let mut stack = vec![(self, 0usize)];
+        while let Some((v, d)) = stack.pop() {
+            match v {
+                Value::Tuple(items) => {
+                    deepest = deepest.max(d + 1);
+                    stack.extend(items.iter().map(|item| (item, d + 1)));
+                }
+                Value::Shared(_, inner) => stack.push((inner, d)),
+                _ => {}
+            }
+        }
+        deepest
     }
 }
 
@@ -110,5 +160,23 @@ mod tests {
         assert_eq!(Value::from(None), Value::None);
         assert_eq!(Value::bytes(b"xy"), Value::Bytes(vec![b'x', b'y']));
         assert_eq!(Value::tuple([]), Value::Tuple(vec![]));
+    }
+
+    #[test]
+    fn depth_counts_tuple_levels() {
+        assert_eq!(Value::from(1).depth(), 0);
+        assert_eq!(Value::tuple([]).depth(), 1);
+        let mut v = Value::from("x");
+        for _ in 0..10_000 {
+            v = Value::tuple([Value::Shared(0, Box::new(v))]);
+        }
+        assert_eq!(v.depth(), 10_000);
+        // Dropping is recursive too: unwind it by hand.
+        while let Value::Tuple(mut items) = v {
+            v = match items.pop() {
+                Some(Value::Shared(_, inner)) => *inner,
+                _ => break,
+            };
+        }
     }
 }
