@@ -116,7 +116,7 @@ def test_the_issue_probes(kwargs: dict[str, Any], algo: str) -> None:
     for hasher in hashers(4, algo):
         assert as_list(hasher.hash_tokens(req.tokens, **req.kwargs())) == expected
     if HAVE_CORE:  # the tracker and the manager hash through the same code
-        pool = core.BlockPool(16)
+        pool = core.BlockPool(16, block_size=4)
         tracker = core.ComputedBlocksTracker(pool, 4, hash_algo=algo)
         tracker.add_sequence("s", req.tokens, **req.kwargs())
         assert as_list(tracker.get_block_hashes("s")) == expected

@@ -119,6 +119,9 @@ class UnknownRequestError(KVPoolError, KeyError):
 class DuplicateRequestError(KVPoolError, ValueError):
     """A request id that the manager already tracks."""
 
+class OutOfMemoryError(KVPoolError, MemoryError):
+    """Memory for a pool, a manager or a batch could not be allocated; nothing was changed."""
+
 _HashAlgoName = str  # "sha256" | "sha256_cbor" | "xxhash" | "xxhash_cbor"
 _LoraSpec = tuple[str, str]  # (lora_name, lora_path)
 _MmFeatureSpec = tuple[str, int, int]  # (identifier, offset, length)

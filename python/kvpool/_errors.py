@@ -35,6 +35,7 @@ if TYPE_CHECKING or HAVE_CORE:
         KVPoolError,
         NoFreeBlocksError,
         DuplicateRequestError,
+        OutOfMemoryError,
         UnknownRequestError,
     )
 else:
@@ -75,6 +76,9 @@ else:
     class DuplicateRequestError(KVPoolError, ValueError):
         """A request id that the manager already tracks."""
 
+    class OutOfMemoryError(KVPoolError, MemoryError):
+        """Memory for a pool, a manager or a batch could not be allocated; nothing was changed."""
+
     for _cls in (
         KVPoolError,
         NoFreeBlocksError,
@@ -88,6 +92,7 @@ else:
         InvariantError,
         UnknownRequestError,
         DuplicateRequestError,
+        OutOfMemoryError,
     ):
         _cls.__module__ = "kvpool"
     del _cls
@@ -105,5 +110,6 @@ __all__ = [
     "InvariantError",
     "KVPoolError",
     "NoFreeBlocksError",
+    "OutOfMemoryError",
     "UnknownRequestError",
 ]

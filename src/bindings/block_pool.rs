@@ -30,7 +30,7 @@ type IdsAndOffsets<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>)
 pub struct PyBlockPool {
     inner: Mutex<pool::BlockPool>,
     /// The pool's configuration, which never changes: read without taking the lock.
-    config: PoolConfig,
+    pub(super) config: PoolConfig,
 }
 
 impl PyBlockPool {

@@ -4,7 +4,9 @@
 //! ValueError)`), which `create_exception!` cannot express, so the classes are made
 //! with `type(name, bases, ns)` when the module is initialised and kept in statics.
 
-use pyo3::exceptions::{PyAssertionError, PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyAssertionError, PyKeyError, PyMemoryError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -27,6 +29,7 @@ pub enum ErrorKind {
     Invariant,
     UnknownRequest,
     DuplicateRequest,
+    OutOfMemory,
 }
 
 /// Builtin base of a class, besides `KVPoolError`.
@@ -37,9 +40,10 @@ enum Builtin {
     Runtime,
     Assertion,
     Key,
+    Memory,
 }
 
-const CLASSES: [(&str, Builtin, &str); 12] = [
+const CLASSES: [(&str, Builtin, &str); 13] = [
     (
         "KVPoolError",
         Builtin::None,
@@ -100,6 +104,11 @@ const CLASSES: [(&str, Builtin, &str); 12] = [
         Builtin::Value,
         "A request id that the manager already tracks.",
     ),
+    (
+        "OutOfMemoryError",
+        Builtin::Memory,
+        "Memory for a pool, a manager or a batch could not be allocated; nothing was changed.",
+    ),
 ];
 
 static TYPES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -115,6 +124,7 @@ fn build_types(py: Python<'_>) -> PyResult<Vec<Py<PyType>>> {
             Builtin::Runtime => py.get_type::<PyRuntimeError>(),
             Builtin::Assertion => py.get_type::<PyAssertionError>(),
             Builtin::Key => py.get_type::<PyKeyError>(),
+            Builtin::Memory => py.get_type::<PyMemoryError>(),
         };
         let bases = match types.first() {
             None => PyTuple::new(py, [builtin])?,
@@ -159,6 +169,7 @@ pub fn kind_of(err: &PoolError) -> ErrorKind {
         PoolError::CachingDisabled => ErrorKind::CachingDisabled,
         PoolError::UnknownRequest(_) => ErrorKind::UnknownRequest,
         PoolError::DuplicateRequest(_) => ErrorKind::DuplicateRequest,
+        PoolError::OutOfMemory { .. } => ErrorKind::OutOfMemory,
     }
 }
 

@@ -74,6 +74,16 @@ impl PyComputedBlocksTracker {
             .clone()
             .unbind();
         let block_size = int_arg(block_size, "block_size", 1, u32::MAX as i64)? as usize;
+        let pool_block_size = pool.bind(py).get().config.block_size as usize;
+        if block_size != pool_block_size {
+            return Err(error(
+                py,
+                ErrorKind::InvalidArgument,
+                format!(
+                    "block_size {block_size} differs from the pool's block_size {pool_block_size}"
+                ),
+            ));
+        }
         let algo = algo_arg(py, hash_algo)?;
         let inner = ComputedBlocksTracker::new(block_size, algo, &seed_arg(seed)?).py_err(py)?;
         Ok(Self {

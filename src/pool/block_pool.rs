@@ -143,7 +143,7 @@ impl BlockPool {
         } else {
             0
         };
-        let mut slab = Slab::new(config.num_blocks);
+        let mut slab = Slab::new(config.num_blocks)?;
         let first = u32::from(config.null_block);
         if config.null_block {
             *slab.get_mut(0) = BlockMeta::EMPTY;
@@ -154,7 +154,7 @@ impl BlockPool {
             config,
             slab,
             queue,
-            map: PrefixMap::with_hasher(KeyHasher::process(), reserved_keys),
+            map: PrefixMap::with_hasher(KeyHasher::process(), reserved_keys)?,
             events: Vec::new(),
             to_tail: Vec::new(),
         })

@@ -51,6 +51,13 @@ pub enum PoolError {
     UnknownRequest(String),
     /// A request id that the manager already tracks.
     DuplicateRequest(String),
+    /// Memory for `what` (`bytes` bytes) could not be allocated; nothing changed.
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// How many bytes were asked for.
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for PoolError {
@@ -100,6 +107,9 @@ impl fmt::Display for PoolError {
             }
             Self::UnknownRequest(id) => write!(f, "unknown request id {id}"),
             Self::DuplicateRequest(id) => write!(f, "request id {id} is already tracked"),
+            Self::OutOfMemory { what, bytes } => {
+                write!(f, "cannot allocate {bytes} bytes for {what}")
+            }
         }
     }
 }

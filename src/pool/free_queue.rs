@@ -402,7 +402,7 @@ mod tests {
     use super::*;
 
     fn queue_of(n: u32) -> (Slab, FreeQueue) {
-        (Slab::new(n), FreeQueue::fresh(0, n))
+        (Slab::new(n).unwrap(), FreeQueue::fresh(0, n))
     }
 
     /// Puts uncached free blocks at the head, `ids[0]` on top, as a free call does.

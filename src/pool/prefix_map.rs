@@ -18,6 +18,7 @@
 
 use hashbrown::HashTable;
 
+use super::error::{PoolError, PoolResult};
 use super::hash_key::BlockHashKey;
 use super::key_hasher::KeyHasher;
 use super::slab::NIL;
@@ -55,18 +56,32 @@ impl Default for PrefixMap {
 impl PrefixMap {
     /// An empty map hashing with the process's [`KeyHasher`].
     pub fn new() -> Self {
-        Self::with_hasher(KeyHasher::process(), 0)
+        Self {
+            table: HashTable::new(),
+            entries: Vec::new(),
+            vacant: Vec::new(),
+            hasher: KeyHasher::process(),
+        }
     }
 
     /// An empty map with room for `keys` distinct keys (at most 2^20 reserved up
-    /// front) before its table grows.
-    pub fn with_hasher(hasher: KeyHasher, keys: usize) -> Self {
-        Self {
-            table: HashTable::with_capacity(keys.min(MAX_RESERVED_KEYS)),
+    /// front) before its table grows; [`PoolError::OutOfMemory`] if that room
+    /// cannot be had.
+    pub fn with_hasher(hasher: KeyHasher, keys: usize) -> PoolResult<Self> {
+        let keys = keys.min(MAX_RESERVED_KEYS);
+        let mut table = HashTable::new();
+        table
+            .try_reserve(keys, |_: &u32| 0)
+            .map_err(|_| PoolError::OutOfMemory {
+                what: "the prefix map",
+                bytes: keys.saturating_mul(std::mem::size_of::<u32>() + 1),
+            })?;
+        Ok(Self {
+            table,
             entries: Vec::new(),
             vacant: Vec::new(),
             hasher,
-        }
+        })
     }
 
     /// Number of cached blocks (entries), counting every block under a shared key.
@@ -321,7 +336,7 @@ mod tests {
         // One key under 2,000 blocks and a second key under 500, removed in a
         // scrambled order; after each removal the lookup names the oldest survivor
         // and the structure checks out.
-        let mut m = PrefixMap::with_hasher(KeyHasher::with_seed(9), 16);
+        let mut m = PrefixMap::with_hasher(KeyHasher::with_seed(9), 16).unwrap();
         let mut live: Vec<(u32, u32, u8)> = Vec::new(); // (slot, block, key byte)
         for block in 0..2_500u32 {
             let b = if block % 5 == 4 { 2 } else { 1 };

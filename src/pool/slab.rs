@@ -1,5 +1,7 @@
 //! Per-block metadata, one 16-byte slot per block, indexed by block id.
 
+use super::error::{PoolError, PoolResult};
+
 /// The "no block" link and "no key" slot.
 pub const NIL: u32 = u32::MAX;
 
@@ -64,10 +66,19 @@ pub struct Slab {
 
 impl Slab {
     /// `num_blocks` blocks, all [`BlockMeta::FRESH`]: free, uncached, count 0.
-    pub fn new(num_blocks: u32) -> Self {
-        Self {
-            metas: vec![BlockMeta::FRESH; num_blocks as usize],
-        }
+    /// [`PoolError::OutOfMemory`] if the memory cannot be had (the allocation is
+    /// fallible, never an abort).
+    pub fn new(num_blocks: u32) -> PoolResult<Self> {
+        let n = num_blocks as usize;
+        let mut metas = Vec::new();
+        metas
+            .try_reserve_exact(n)
+            .map_err(|_| PoolError::OutOfMemory {
+                what: "the block table",
+                bytes: n.saturating_mul(std::mem::size_of::<BlockMeta>()),
+            })?;
+        metas.resize(n, BlockMeta::FRESH);
+        Ok(Self { metas })
     }
 
     /// Number of blocks.
@@ -110,7 +121,7 @@ mod tests {
 
     #[test]
     fn new_slab_is_fresh() {
-        let slab = Slab::new(3);
+        let slab = Slab::new(3).unwrap();
         assert_eq!(slab.len(), 3);
         assert!(slab
             .iter()

@@ -49,7 +49,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kvpool._errors import DtypeError, DuplicateRequestError, UnknownRequestError
+from kvpool._errors import DtypeError, DuplicateRequestError, InvalidArgumentError, UnknownRequestError
 from kvpool.reference._args import (
     RequestExtras,
     RequestId,
@@ -72,6 +72,10 @@ class PrefixCache(Protocol):
     @property
     def enable_caching(self) -> bool:
         """Whether the pool's prefix cache is on."""
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
 
     def find_longest_cache_hit(self, block_hashes: Any, *, group_id: Any = ..., max_blocks: Any = ...) -> Any:
         """The cached blocks of the longest cached prefix of ``block_hashes[:max_blocks]``."""
@@ -103,12 +107,17 @@ class ComputedBlocksTracker:
         (default ``sha256_cbor``) and ``NONE_HASH = H(seed)`` (default ``"vllm-none-hash"``).
 
         ``DtypeError`` if ``pool`` has no prefix-cache lookup or an argument has the wrong type;
-        ``InvalidArgumentError`` for ``block_size < 1`` or an unknown ``hash_algo``.
+        ``InvalidArgumentError`` for ``block_size < 1``, a ``block_size`` other than the pool's, or
+        an unknown ``hash_algo``.
         """
-        if not (hasattr(pool, "find_longest_cache_hit") and hasattr(pool, "enable_caching")):
+        if not all(hasattr(pool, a) for a in ("find_longest_cache_hit", "enable_caching", "block_size")):
             raise DtypeError(f"pool must be a BlockPool, not {type(pool).__name__}")
-        self._pool = pool
         self._hasher = BlockHasher(block_size, hash_algo=hash_algo, seed=seed)
+        if block_size != pool.block_size:
+            raise InvalidArgumentError(
+                f"block_size {block_size} differs from the pool's block_size {pool.block_size}"
+            )
+        self._pool = pool
         self._seqs: dict[RequestId, TrackedSequence] = {}
 
     # -- properties ---------------------------------------------------------------------------
