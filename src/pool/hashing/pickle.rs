@@ -27,26 +27,23 @@
 //! `BINGET` of the first (`LONG_BINGET` from memo index 256 on; the index counts
 //! every `MEMOIZE` so far, in pickling order).
 //!
-//! [`encode_pickle`] works on values and never emits `BINGET`, i.e. it treats
-//! every occurrence as a distinct object. That is what a [`Value`] can express,
-//! but CPython shares some objects behind the caller's back: the empty
-//! `str`/`bytes`, one-character strings, and interned strings, which include
-//! every identifier-like string literal in Python source. So two *equal* such
-//! values in one pickled value (say a LoRA named `"a"` and a cache salt `"a"`)
-//! may pickle differently in Python. CBOR has no such dependence. The encoding
-//! test vectors are built from distinct objects and checked to contain no
-//! `BINGET`.
+//! A [`Value`] says which of its parts are one object with
+//! [`Value::Shared`]: [`encode_pickle`] writes the first occurrence of each
+//! shared id in full (memoized) and the others as memo references; unwrapped
+//! parts are distinct objects. The bindings build values from the caller's
+//! Python objects and wrap exactly those that occur more than once, so what
+//! CPython shares behind the caller's back (the empty `str`/`bytes`,
+//! one-character strings, interned strings, which include every
+//! identifier-like string literal) pickles as Python pickles it. CBOR has no
+//! such dependence.
 //!
-//! Block extra keys are the one place where vLLM's hash inputs share objects by
-//! construction: their tags (`"lora"`, `"mm"`, `"cache_salt"`,
-//! `"prompt_embeds"`) are string literals, so a block with two multimodal inputs
-//! holds the *same* `"mm"` object twice. The extra-keys encoder
-//! (`BlockExtraKeys`, through [`PickleWriter`]) memoizes the tags by value,
-//! exactly as the pickler memoizes those shared objects, and emits `BINGET` for
-//! their repeats. Everything else in a block's hash input is treated as a
-//! distinct object, which is right unless the caller's strings are shared in
-//! Python: e.g. a LoRA whose name and path are one `str` object, two multimodal
-//! inputs with one identifier object, or equal one-character or empty strings.
+//! Block extra keys share objects by construction: their tags (`"lora"`,
+//! `"mm"`, `"cache_salt"`, `"prompt_embeds"`) are string literals in vLLM, so a
+//! block with two multimodal inputs holds the *same* `"mm"` object twice; the
+//! caller's strings may also be one object (a LoRA whose name and path are one
+//! `str`, one identifier for two inputs, a name that is the interned `"lora"`).
+//! The extra-keys encoder (`BlockExtraKeys`, through [`PickleWriter`]) reads
+//! which is which from `ExtraObjects` and memoizes accordingly.
 
 use super::value::Value;
 
@@ -85,8 +82,9 @@ const FRAME_TARGET: usize = 64 * 1024;
 /// Appends `pickle.dumps(value, protocol=5)` (CPython 3.11, C pickler) to `out`.
 ///
 /// `out` is not cleared, so one buffer can be reused across calls. Every
-/// occurrence of a `str`, `bytes` or tuple is pickled as a distinct object: this
-/// never emits `BINGET` (see the module docs on object identity).
+/// occurrence of a `str`, `bytes` or tuple is pickled as a distinct object, but
+/// for the repeats of a [`Value::Shared`] id, which are memo references (see the
+/// module docs on object identity).
 ///
 /// ```
 /// use kvpool::pool::hashing::{encode_pickle, Value};
