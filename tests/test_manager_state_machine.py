@@ -69,6 +69,8 @@ def observe(m: Any) -> dict[str, Any]:
         "stats": m.prefix_cache_stats,
         "hit_rate": m.prefix_cache_stats.hit_rate,
         "recent": m.recent_prefix_cache_stats,
+        "pending": m.num_pending_events,
+        "dropped": m.num_dropped_events,
         "events": m.take_events(),
     }
 
@@ -115,6 +117,7 @@ class ManagerComparison(RuleBasedStateMachine):
         hash_algo=st.sampled_from([None, "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]),
         max_model_len=st.one_of(st.none(), st.integers(1, 48)),
         stats_window=st.one_of(st.none(), st.integers(0, 3)),
+        max_pending_events=st.sampled_from([None, None, 1, 3]),
         data=st.data(),
     )
     def build(
@@ -125,6 +128,7 @@ class ManagerComparison(RuleBasedStateMachine):
         hash_algo: str | None,
         max_model_len: int | None,
         stats_window: int | None,
+        max_pending_events: int | None,
         data: st.DataObject,
     ) -> None:
         kwargs = {
@@ -133,6 +137,7 @@ class ManagerComparison(RuleBasedStateMachine):
             "enable_events": True,
             "max_model_len": max_model_len,
             "stats_window": stats_window,
+            "max_pending_events": max_pending_events,
         }
         self.subject = self.subject_cls(num_blocks, block_size, **kwargs)
         self.oracle = self.oracle_cls(num_blocks, block_size, **kwargs)

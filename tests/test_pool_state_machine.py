@@ -127,15 +127,17 @@ class PoolComparison(RuleBasedStateMachine):
         null_block=st.booleans(),
         block_size=st.sampled_from([1, 2, 4]),
         hash_width=st.sampled_from([None, None, WIDTH]),
+        max_pending_events=st.sampled_from([None, None, 1, 2]),
     )
     def build(self, num_blocks: int, enable_caching: bool, null_block: bool, block_size: int,
-              hash_width: int | None) -> None:
+              hash_width: int | None, max_pending_events: int | None) -> None:
         kwargs = dict(
             enable_caching=enable_caching,
             null_block=null_block,
             enable_events=True,
             block_size=block_size,
             hash_width=hash_width,
+            max_pending_events=max_pending_events,
         )
         self.subject = self.subject_cls(num_blocks, **kwargs)
         self.oracle = self.oracle_cls(num_blocks, **kwargs)
@@ -152,6 +154,8 @@ class PoolComparison(RuleBasedStateMachine):
         for block_id in range(self.num_blocks):
             got, want = self.subject.block_hash(block_id), self.oracle.block_hash(block_id)
             assert got == want, f"block_hash({block_id}): subject {got!r}, reference {want!r}"
+        for name in ("max_pending_events", "num_pending_events", "num_dropped_events"):
+            assert getattr(self.subject, name) == getattr(self.oracle, name), name
         got_events, want_events = self.subject.take_events(), self.oracle.take_events()
         assert got_events == want_events, f"events: subject {got_events!r}, reference {want_events!r}"
 

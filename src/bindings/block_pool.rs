@@ -71,10 +71,18 @@ impl FlatHashes {
     }
 }
 
+/// The ``max_pending_events`` argument: at least 1, default
+/// [`pool::DEFAULT_MAX_PENDING_EVENTS`].
+pub fn max_pending_events_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    Ok(opt_int_arg(obj, "max_pending_events", 1, i64::MAX)?
+        .map_or(pool::DEFAULT_MAX_PENDING_EVENTS, |n| n as usize))
+}
+
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, *, enable_caching=None, null_block=None, enable_events=None, block_size=None, hash_width=None))]
+    #[pyo3(signature = (num_blocks, *, enable_caching=None, null_block=None, enable_events=None, block_size=None, hash_width=None, max_pending_events=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
@@ -83,6 +91,7 @@ impl PyBlockPool {
         enable_events: Option<&Bound<'_, PyAny>>,
         block_size: Option<&Bound<'_, PyAny>>,
         hash_width: Option<&Bound<'_, PyAny>>,
+        max_pending_events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let flag = |obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool| {
             opt_bool_arg(obj, what, default)
@@ -96,6 +105,7 @@ impl PyBlockPool {
                 as u32,
             hash_width: opt_int_arg(hash_width, "hash_width", 1, pool::MAX_HASH_WIDTH as i64)?
                 .map(|w| w as usize),
+            max_pending_events: max_pending_events_arg(max_pending_events)?,
         };
         let inner = pool::BlockPool::new(config.clone()).py_err(py)?;
         Ok(Self {
@@ -411,6 +421,25 @@ impl PyBlockPool {
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.with_pool(py, |pool| pool.take_events());
         events_to_py(py, events)
+    }
+
+    /// Most events queued before the oldest are dropped.
+    #[getter]
+    fn max_pending_events(&self) -> usize {
+        self.config.max_pending_events
+    }
+
+    /// Number of queued events (what ``take_events`` would return).
+    #[getter]
+    fn num_pending_events(&self, py: Python<'_>) -> usize {
+        self.with_pool(py, |pool| pool.num_pending_events())
+    }
+
+    /// Events dropped, oldest first, because ``max_pending_events`` were already
+    /// queued; counted since the pool was built.
+    #[getter]
+    fn num_dropped_events(&self, py: Python<'_>) -> u64 {
+        self.with_pool(py, |pool| pool.num_dropped_events())
     }
 
     /// The free queue's block ids, head (next to be reused) to tail.

@@ -11,8 +11,8 @@ use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{
-    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyMemoryView,
-    PySet, PyString, PyTuple, PyType,
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyMemoryView, PySet,
+    PyString, PyTuple, PyType,
 };
 
 use super::errors::{error, ErrorKind};
@@ -477,9 +477,11 @@ pub fn with_i64s<R>(
     f: impl FnOnce(&[i64]) -> R,
 ) -> PyResult<R> {
     let plain = is_plain_ndarray(obj);
-    if let Some(arr) = obj.cast::<PyArray1<i64>>().ok().filter(|a| {
-        plain && a.is_aligned() && a.dtype().is_native_byteorder() != Some(false)
-    }) {
+    if let Some(arr) = obj
+        .cast::<PyArray1<i64>>()
+        .ok()
+        .filter(|a| plain && a.is_aligned() && a.dtype().is_native_byteorder() != Some(false))
+    {
         if let Ok(ro) = arr.try_readonly() {
             if let Ok(slice) = ro.as_slice() {
                 return Ok(f(slice));

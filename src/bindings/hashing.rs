@@ -164,8 +164,14 @@ impl<'py> ObjectIds<'py> {
             tags: [
                 (PyString::intern(py, "lora"), ExtraObjects::LORA_TAG),
                 (PyString::intern(py, "mm"), ExtraObjects::MM_TAG),
-                (PyString::intern(py, "cache_salt"), ExtraObjects::CACHE_SALT_TAG),
-                (PyString::intern(py, "prompt_embeds"), ExtraObjects::PROMPT_EMBEDS_TAG),
+                (
+                    PyString::intern(py, "cache_salt"),
+                    ExtraObjects::CACHE_SALT_TAG,
+                ),
+                (
+                    PyString::intern(py, "prompt_embeds"),
+                    ExtraObjects::PROMPT_EMBEDS_TAG,
+                ),
             ],
             seen: hashbrown::HashMap::new(),
         }
@@ -296,7 +302,10 @@ fn convert_value(
                 "hash-input ints must fit in 128 bits",
             )
         })?;
-        return Ok((Value::Int(v), obj.is_exact_instance_of::<pyo3::types::PyInt>()));
+        return Ok((
+            Value::Int(v),
+            obj.is_exact_instance_of::<pyo3::types::PyInt>(),
+        ));
     }
     Err(error(
         py,
@@ -505,16 +514,14 @@ impl PyBlockHasher {
         let parent = match parent.map(|p| p.as_bytes()) {
             None => &self.none_hash[..],
             Some(p) if !p.is_empty() && p.len() <= crate::pool::MAX_HASH_WIDTH => p,
-            Some(p) => {
-                return Err(error(
-                    py,
-                    ErrorKind::HashWidth,
-                    format!(
-                        "parent is {} bytes wide; a hash must have 1 to 32 bytes (None for no parent)",
-                        p.len()
-                    ),
-                ))
-            }
+            Some(p) => return Err(error(
+                py,
+                ErrorKind::HashWidth,
+                format!(
+                    "parent is {} bytes wide; a hash must have 1 to 32 bytes (None for no parent)",
+                    p.len()
+                ),
+            )),
         };
         // The parent is the pickle's first object: if the extra keys hold that very
         // object, pickle writes it there as a memo reference, so the identities are
@@ -525,7 +532,13 @@ impl PyBlockHasher {
                     let e = pair.pop();
                     (pair.pop().filter(|p| matches!(p, Value::Shared(..))), e)
                 }
-                _ => return Err(error(py, ErrorKind::InvalidArgument, "unconvertible hash input")),
+                _ => {
+                    return Err(error(
+                        py,
+                        ErrorKind::InvalidArgument,
+                        "unconvertible hash input",
+                    ))
+                }
             },
             (_, e) => (None, e.map(to_value).transpose()?),
         };

@@ -117,7 +117,7 @@ impl PyKVCacheManager {
 #[pymethods]
 impl PyKVCacheManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, stats_window=None))]
+    #[pyo3(signature = (num_blocks, block_size, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, stats_window=None, max_pending_events=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -129,6 +129,7 @@ impl PyKVCacheManager {
         enable_events: Option<&Bound<'_, PyAny>>,
         max_model_len: Option<&Bound<'_, PyAny>>,
         stats_window: Option<&Bound<'_, PyAny>>,
+        max_pending_events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let config = ManagerConfig {
             num_blocks: int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
@@ -137,6 +138,7 @@ impl PyKVCacheManager {
             hash_algo: algo_arg(py, hash_algo)?,
             seed: seed_arg(seed)?,
             enable_events: opt_bool_arg(enable_events, "enable_events", false)?,
+            max_pending_events: super::block_pool::max_pending_events_arg(max_pending_events)?,
             max_model_len: opt_int_arg(max_model_len, "max_model_len", 1, i64::MAX)?
                 .map(|m| m as usize),
             stats_window: opt_int_arg(stats_window, "stats_window", 0, 1 << 32)?.unwrap_or(1000)
@@ -505,6 +507,19 @@ impl PyKVCacheManager {
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.with_manager(py, |m| m.take_events());
         events_to_py(py, events)
+    }
+
+    /// Number of queued events (what ``take_events`` would return).
+    #[getter]
+    fn num_pending_events(&self, py: Python<'_>) -> usize {
+        self.with_manager(py, |m| m.pool().num_pending_events())
+    }
+
+    /// Events dropped, oldest first, because ``max_pending_events`` were already
+    /// queued; counted since the manager was built.
+    #[getter]
+    fn num_dropped_events(&self, py: Python<'_>) -> u64 {
+        self.with_manager(py, |m| m.pool().num_dropped_events())
     }
 
     /// Clears the prefix cache and the statistics; refused (False) while any block

@@ -5,6 +5,8 @@
 //! anything, so an `Err` leaves the pool exactly as it was.
 
 use super::error::{PoolError, PoolResult};
+use std::collections::VecDeque;
+
 use super::events::PoolEvent;
 use super::free_queue::FreeQueue;
 use super::hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
@@ -30,7 +32,13 @@ pub struct PoolConfig {
     pub block_size: u32,
     /// Width of every block hash in bytes; `None` fixes it at the first cached hash.
     pub hash_width: Option<usize>,
+    /// Most events queued before the oldest are dropped (and counted).
+    pub max_pending_events: usize,
 }
+
+/// Default bound on queued events: 1,000,000 (about 270 MB of `BlockStored`
+/// events of 16 tokens), far beyond what one scheduler step emits.
+pub const DEFAULT_MAX_PENDING_EVENTS: usize = 1_000_000;
 
 impl PoolConfig {
     /// vLLM's defaults for a pool of `num_blocks`: caching on, a null block, no events,
@@ -43,6 +51,7 @@ impl PoolConfig {
             enable_events: false,
             block_size: 16,
             hash_width: None,
+            max_pending_events: DEFAULT_MAX_PENDING_EVENTS,
         }
     }
 }
@@ -110,7 +119,9 @@ pub struct BlockPool {
     pub(super) slab: Slab,
     pub(super) queue: FreeQueue,
     pub(super) map: PrefixMap,
-    events: Vec<PoolEvent>,
+    events: VecDeque<PoolEvent>,
+    /// Events dropped because the queue was full, since the pool was built.
+    dropped_events: u64,
     pub(super) hash_width: Option<usize>,
     /// Cached blocks of one free call that reached 0, bound for the tail
     /// (`release.rs`).
@@ -129,6 +140,11 @@ impl BlockPool {
         if config.block_size == 0 {
             return Err(PoolError::InvalidArgument(
                 "block_size must be at least 1".into(),
+            ));
+        }
+        if config.max_pending_events == 0 {
+            return Err(PoolError::InvalidArgument(
+                "max_pending_events must be at least 1".into(),
             ));
         }
         if let Some(w) = config.hash_width {
@@ -155,7 +171,8 @@ impl BlockPool {
             slab,
             queue,
             map: PrefixMap::with_hasher(KeyHasher::process(), reserved_keys)?,
-            events: Vec::new(),
+            events: VecDeque::new(),
+            dropped_events: 0,
             to_tail: Vec::new(),
         })
     }
@@ -238,7 +255,7 @@ impl BlockPool {
         if slot != NIL {
             let key = self.map.remove(slot);
             if self.config.enable_events {
-                self.events.push(PoolEvent::BlockRemoved {
+                self.emit(PoolEvent::BlockRemoved {
                     block_hash: key.hash,
                     group_idx: key.group,
                 });
@@ -371,7 +388,7 @@ impl BlockPool {
                 .token_ids
                 .map(|t| t[num_cached_blocks * block_size..num_full_blocks * block_size].to_vec())
                 .unwrap_or_default();
-            self.events.push(PoolEvent::BlockStored {
+            self.emit(PoolEvent::BlockStored {
                 block_hashes: hashes,
                 parent_block_hash: num_cached_blocks
                     .checked_sub(1)
@@ -451,7 +468,7 @@ impl BlockPool {
         let slab = &mut self.slab;
         self.map.drain_blocks(|id| slab.get_mut(id).key_slot = NIL);
         if self.config.enable_events {
-            self.events.push(PoolEvent::AllBlocksCleared);
+            self.emit(PoolEvent::AllBlocksCleared);
         }
         true
     }
@@ -488,12 +505,28 @@ impl BlockPool {
 
     /// Hands over the queued events, oldest first.
     pub fn take_events(&mut self) -> Vec<PoolEvent> {
-        std::mem::take(&mut self.events)
+        Vec::from(std::mem::take(&mut self.events))
     }
 
     /// Number of queued events.
     pub fn num_pending_events(&self) -> usize {
         self.events.len()
+    }
+
+    /// Events dropped, oldest first, because [`PoolConfig::max_pending_events`]
+    /// were already queued; counted since the pool was built.
+    pub fn num_dropped_events(&self) -> u64 {
+        self.dropped_events
+    }
+
+    /// Queues `event`, dropping the oldest if the queue is full.
+    #[inline]
+    fn emit(&mut self, event: PoolEvent) {
+        if self.events.len() >= self.config.max_pending_events {
+            self.events.pop_front();
+            self.dropped_events += 1;
+        }
+        self.events.push_back(event);
     }
 
     /// The free queue, head (next to be reused) to tail.

@@ -36,6 +36,8 @@ pub struct ManagerConfig {
     pub seed: String,
     /// Queue KV-cache events.
     pub enable_events: bool,
+    /// Most events queued before the oldest are dropped (and counted).
+    pub max_pending_events: usize,
     /// Longest sequence a request may reach; slots beyond it are never allocated.
     pub max_model_len: Option<usize>,
     /// How many recent requests the windowed prefix-cache statistics cover.
@@ -52,6 +54,7 @@ impl ManagerConfig {
             hash_algo: HashAlgo::Sha256Cbor,
             seed: super::hashing::DEFAULT_NONE_HASH_SEED.to_owned(),
             enable_events: false,
+            max_pending_events: super::block_pool::DEFAULT_MAX_PENDING_EVENTS,
             max_model_len: None,
             stats_window: 1000,
         }
@@ -121,6 +124,7 @@ impl KVCacheManager {
         pool_config.block_size = config.block_size;
         pool_config.enable_caching = config.enable_caching;
         pool_config.enable_events = config.enable_events;
+        pool_config.max_pending_events = config.max_pending_events;
         pool_config.hash_width = Some(config.hash_algo.digest_len());
         let pool = BlockPool::new(pool_config)?;
         let mut hasher =

@@ -22,7 +22,8 @@ mod step;
 mod tracker;
 
 pub use block_pool::{
-    check_offsets, first_out_of_range, BlockPool, CacheBlocks, PoolConfig, MAX_BLOCKS,
+    check_offsets, first_out_of_range, BlockPool, CacheBlocks, PoolConfig,
+    DEFAULT_MAX_PENDING_EVENTS, MAX_BLOCKS,
 };
 pub use error::{PoolError, PoolResult};
 pub use events::PoolEvent;

@@ -135,11 +135,12 @@ class KVCacheManager:
         enable_events: bool | None = None,
         max_model_len: int | None = None,
         stats_window: int | None = None,
+        max_pending_events: int | None = None,
     ) -> None:
         """Build a manager over a fresh pool of ``num_blocks`` blocks (block 0 is the null block).
 
         Defaults: caching on, ``sha256_cbor``, seed ``"vllm-none-hash"``, events off, no
-        ``max_model_len``, statistics window of 1000 lookups.
+        ``max_model_len``, statistics window of 1000 lookups, at most 1,000,000 queued events.
         """
         num_blocks = as_int_arg(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
         block_size = as_int_arg(block_size, "block_size", 1, MAX_BLOCK_SIZE)
@@ -157,6 +158,7 @@ class KVCacheManager:
             enable_events=events,
             block_size=block_size,
             hash_width=DIGEST_LEN[algo],
+            max_pending_events=max_pending_events,
         )
         self._block_size = block_size
         self._hash_algo = algo
@@ -575,6 +577,16 @@ class KVCacheManager:
     def take_events(self) -> list[Any]:
         """Queued KV-cache events, oldest first (the queue is emptied)."""
         return self.pool.take_events()
+
+    @property
+    def num_pending_events(self) -> int:
+        """Number of queued events (what ``take_events`` would return)."""
+        return self.pool.num_pending_events
+
+    @property
+    def num_dropped_events(self) -> int:
+        """Events dropped, oldest first, because ``max_pending_events`` were already queued."""
+        return self.pool.num_dropped_events
 
     def reset_prefix_cache(self) -> bool:
         """Clear the prefix cache and the statistics; refused (``False``) while a block is in use."""

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -60,6 +61,7 @@ __all__ = ["BlockPool", "FreeQueue"]  # FreeQueue re-exported from free_queue.py
 
 MAX_NUM_BLOCKS = 2**31 - 1
 MAX_HASH_WIDTH = 32
+DEFAULT_MAX_PENDING_EVENTS = 1_000_000
 MAX_GROUP_ID = 2**32 - 1
 
 NULL_BLOCK_ID = 0
@@ -82,12 +84,15 @@ class BlockPool:
         enable_events: bool = False,
         block_size: int = 16,
         hash_width: int | None = None,
+        max_pending_events: int | None = None,
     ) -> None:
         """Create a pool of ``num_blocks`` blocks, all free (except the null block, block 0).
 
         Raises ``DtypeError`` for a non-int / non-bool argument and ``InvalidArgumentError``
-        unless ``1 <= num_blocks <= 2**31 - 1``, ``block_size >= 1`` and ``hash_width`` is
-        ``None`` or in ``1..=32``.
+        unless ``1 <= num_blocks <= 2**31 - 1``, ``block_size >= 1``, ``hash_width`` is
+        ``None`` or in ``1..=32`` and ``max_pending_events`` is ``None`` or at least 1. At most
+        ``max_pending_events`` events (default 1,000,000) are queued: beyond it the oldest is
+        dropped and counted in ``num_dropped_events``.
         """
         num_blocks = as_int_arg(num_blocks, "num_blocks")
         enable_caching = as_bool_arg(enable_caching, "enable_caching", True)
@@ -95,6 +100,9 @@ class BlockPool:
         enable_events = as_bool_arg(enable_events, "enable_events", False)
         block_size = as_int_arg(block_size, "block_size")
         hash_width = as_opt_int_arg(hash_width, "hash_width")
+        max_events = as_opt_int_arg(max_pending_events, "max_pending_events")
+        max_events = DEFAULT_MAX_PENDING_EVENTS if max_events is None else max_events
+        check_range(max_events, "max_pending_events", 1, 2**63 - 1)
         check_range(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
         if block_size < 1:
             raise InvalidArgumentError(f"block_size must be >= 1, got {block_size}")
@@ -112,7 +120,9 @@ class BlockPool:
         self._block_keys: list[HashKey | None] = [None] * num_blocks
         self._prefix_map: dict[HashKey, dict[int, None]] = {}
         self._num_cached = 0
-        self._events: list[Any] = []
+        self._events: deque[Any] = deque()
+        self._max_pending_events = max_events
+        self._dropped_events = 0
         first = 1 if null_block else 0
         self._free_queue = FreeQueue(range(first, num_blocks))
 
@@ -198,6 +208,9 @@ class BlockPool:
     def _emit(self, event: Any) -> None:
         """Queue a KV event, if events are on."""
         if self._enable_events:
+            if len(self._events) >= self._max_pending_events:
+                self._events.popleft()
+                self._dropped_events += 1
             self._events.append(event)
 
     def _drop_key(self, block_id: int) -> None:
@@ -547,8 +560,23 @@ class BlockPool:
 
     def take_events(self) -> list[Any]:
         """The pending KV events, oldest first; clears them. Always ``[]`` with events off."""
-        events, self._events = self._events, []
+        events, self._events = list(self._events), deque()
         return events
+
+    @property
+    def max_pending_events(self) -> int:
+        """Most events queued before the oldest are dropped."""
+        return self._max_pending_events
+
+    @property
+    def num_pending_events(self) -> int:
+        """Number of queued events (what ``take_events`` would return)."""
+        return len(self._events)
+
+    @property
+    def num_dropped_events(self) -> int:
+        """Events dropped, oldest first, because ``max_pending_events`` were already queued."""
+        return self._dropped_events
 
     # -- introspection ------------------------------------------------------------------------
 

@@ -581,7 +581,11 @@ impl<'a> BlockExtraKeys<'a> {
         }
         if let Some(d) = self.prompt_embeds {
             w.begin_tuple(2);
-            memo.save_str(w, ExtraObjects::PROMPT_EMBEDS_TAG, Tag::PromptEmbeds.as_str());
+            memo.save_str(
+                w,
+                ExtraObjects::PROMPT_EMBEDS_TAG,
+                Tag::PromptEmbeds.as_str(),
+            );
             w.save_bytes(d);
             w.end_tuple(2);
         }

@@ -69,7 +69,9 @@ impl Value {
     /// built from distinct objects. Recursive: for values at most [`MAX_DEPTH`] deep.
     pub fn without_identity(&self) -> Value {
         match self.unshared() {
-            Value::Tuple(items) => Value::Tuple(items.iter().map(Value::without_identity).collect()),
+            Value::Tuple(items) => {
+                Value::Tuple(items.iter().map(Value::without_identity).collect())
+            }
             other => other.clone(),
         }
     }
