@@ -1,0 +1,4 @@
+//! cargo-fuzz target: [`kvpool_fuzz::run_manager`].
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvpool_fuzz::run_manager(data));
