@@ -389,11 +389,15 @@ fn rid(id: u8) -> RequestId {
     RequestId::Int(i64::from(id % 8))
 }
 
+/// One request as the manager reports it: id, tokens, computed tokens, block ids,
+/// block hashes.
+type RequestRow = (RequestId, usize, usize, Vec<u32>, Vec<u8>);
+
 /// Everything observable about a manager.
 #[derive(Debug, PartialEq)]
 struct ManagerState {
     pool: PoolState,
-    requests: Vec<(RequestId, usize, usize, Vec<u32>, Vec<u8>)>,
+    requests: Vec<RequestRow>,
     stats: String,
 }
 

@@ -514,14 +514,16 @@ impl PyBlockHasher {
         let parent = match parent.map(|p| p.as_bytes()) {
             None => &self.none_hash[..],
             Some(p) if !p.is_empty() && p.len() <= crate::pool::MAX_HASH_WIDTH => p,
-            Some(p) => return Err(error(
-                py,
-                ErrorKind::HashWidth,
-                format!(
+            Some(p) => {
+                return Err(error(
+                    py,
+                    ErrorKind::HashWidth,
+                    format!(
                     "parent is {} bytes wide; a hash must have 1 to 32 bytes (None for no parent)",
                     p.len()
                 ),
-            )),
+                ))
+            }
         };
         // The parent is the pickle's first object: if the extra keys hold that very
         // object, pickle writes it there as a memo reference, so the identities are
