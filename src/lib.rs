@@ -16,6 +16,8 @@ mod _core {
     #[pymodule_export]
     use crate::bindings::block_pool::PyBlockPool;
     #[pymodule_export]
+    use crate::bindings::block_tables::PyBlockTables;
+    #[pymodule_export]
     use crate::bindings::hashing::{
         compute_none_hash, encode_hash_input, hash_value, PyBlockHashList, PyBlockHasher,
     };

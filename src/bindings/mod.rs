@@ -2,6 +2,7 @@
 //! It converts types and errors and nothing else; the work is in [`crate::pool`].
 
 pub mod block_pool;
+pub mod block_tables;
 pub mod convert;
 pub mod errors;
 pub mod events;

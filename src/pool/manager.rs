@@ -342,16 +342,13 @@ impl KVCacheManager {
             .saturating_add(call.num_lookahead_tokens)
             .min(max_model_len);
         let required_blocks = need.div_ceil(block_size);
-        let held = request.blocks.len() + hits.len();
-        let null = pool.null_block();
-        let evictable_hits = hits
-            .iter()
-            .filter(|&&b| Some(b) != null && pool.ref_count(b).is_ok_and(|c| c == 0))
-            .count();
-        let to_allocate = required_blocks.saturating_sub(held);
-        if to_allocate.saturating_add(evictable_hits) > pool.num_free_blocks() {
+        let held = request.blocks.len();
+        if super::slots::blocks_to_allocate(pool, required_blocks, held, hits)
+            > pool.num_free_blocks()
+        {
             return Ok(false);
         }
+        let to_allocate = required_blocks.saturating_sub(held + hits.len());
         // From here on nothing can fail: every input was checked above.
         pool.touch(hits)?;
         let start = out.len();

@@ -1,0 +1,351 @@
+"""Read-only views of kvpool's Rust state under vLLM 0.33's names.
+
+vLLM's scheduler and tests read its manager's internals: ``KVCacheBlocks.blocks[g][i]``
+(a ``KVCacheBlock`` with ``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``),
+``block_pool.blocks``, ``block_pool.free_block_queue``, ``coordinator.single_type_managers``.
+Here those are views: a block view is made only when indexed, and reads its count and hash
+from Rust each time, so it never goes stale and nothing is kept per block in Python. The
+allocation rules live in Rust (``kvpool.BlockTables``); nothing here changes state but
+``BlockPoolView.free_blocks``/``touch``, which delegate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+import kvpool
+
+
+_QUEUES: dict[int, FreeQueueView] = {}
+
+
+class BlockView:
+    """One block as a ``KVCacheBlock``: id, live reference count and hash, ``is_null``."""
+
+    __slots__ = ("_tables", "block_id")
+
+    def __init__(self, tables: kvpool.BlockTables, block_id: int) -> None:
+        self._tables = tables
+        self.block_id = block_id
+
+    @property
+    def ref_cnt(self) -> int:
+        return self._tables.ref_count(self.block_id)
+
+    @property
+    def is_null(self) -> bool:
+        return self.block_id == 0
+
+    @property
+    def block_hash(self) -> bytes | None:
+        key = self._tables.block_hash(self.block_id)
+        return None if key is None else make_block_hash_with_group_id(key[0], key[1])  # type: ignore[arg-type]
+
+    @property
+    def next_free_block(self) -> Any:
+        return _QUEUES[id(self._tables)]._neighbour(self.block_id, +1)
+
+    @property
+    def prev_free_block(self) -> Any:
+        return _QUEUES[id(self._tables)]._neighbour(self.block_id, -1)
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        return None if self._tables.block_hash(self.block_id) is None else self._tables.block_size
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BlockView) and other._tables is self._tables and other.block_id == self.block_id
+
+    def __hash__(self) -> int:
+        return hash(self.block_id)
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, block_hash={self.block_hash!r})"
+
+
+class BlockList(Sequence[BlockView]):
+    """A request's or a result's blocks: an id array, viewed as ``KVCacheBlock``s on demand."""
+
+    __slots__ = ("_tables", "ids")
+
+    def __init__(self, tables: kvpool.BlockTables, ids: np.ndarray) -> None:
+        self._tables = tables
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return BlockList(self._tables, self.ids[index])
+        return BlockView(self._tables, int(self.ids[index]))
+
+    def __iter__(self) -> Iterator[BlockView]:
+        tables = self._tables
+        return (BlockView(tables, i) for i in self.ids.tolist())
+
+    def __bool__(self) -> bool:
+        return len(self.ids) > 0
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockList):
+            return other._tables is self._tables and np.array_equal(other.ids, self.ids)
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"BlockList({self.ids.tolist()})"
+
+
+class KvpoolBlocks(KVCacheBlocks):
+    """vLLM's ``KVCacheBlocks`` over kvpool ids (one group): ``get_block_ids()`` hands the
+    ids over directly; ``blocks[0]`` views them as blocks."""
+
+    def __init__(self, tables: kvpool.BlockTables, ids: np.ndarray) -> None:  # noqa: D107
+        self.ids = ids
+        self.blocks = (BlockList(tables, ids),)
+
+    def get_block_ids(self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None) -> Any:
+        if allow_none and len(self.ids) == 0:
+            return None
+        if group_ids is not None and list(group_ids) != [0]:
+            return tuple([] for _ in group_ids) if 0 not in group_ids else (self.ids.tolist(),)
+        return (self.ids.tolist(),)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        return [[b.block_id for b in self.blocks[0] if b.block_hash is None and not b.is_null]]
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        if isinstance(other, KvpoolBlocks):
+            return KvpoolBlocks(self.blocks[0]._tables, np.concatenate([self.ids, other.ids]))
+        return KVCacheBlocks((list(self.blocks[0]) + list(other.blocks[0]),))
+
+    def __repr__(self) -> str:
+        return f"KvpoolBlocks({self.ids.tolist()})"
+
+
+def block_ids_of(blocks: KVCacheBlocks | Iterable[Any]) -> list[int]:
+    """The ids of a ``KVCacheBlocks`` (group 0) or of an iterable of blocks."""
+    if isinstance(blocks, KvpoolBlocks):
+        return blocks.ids.tolist()  # type: ignore[no-any-return]
+    if isinstance(blocks, KVCacheBlocks):
+        return [b.block_id for b in blocks.blocks[0]]
+    if isinstance(blocks, BlockList):
+        return blocks.ids.tolist()  # type: ignore[no-any-return]
+    return [b.block_id for b in blocks]
+
+
+class _End:
+    """The free list's fake head or tail: its ``next_free_block`` / ``prev_free_block``."""
+
+    def __init__(self, queue: FreeQueueView, head: bool) -> None:
+        self._queue, self._head = queue, head
+
+    @property
+    def next_free_block(self) -> Any:
+        return self._queue._neighbour(None, +1) if self._head else None
+
+    @property
+    def prev_free_block(self) -> Any:
+        return None if self._head else self._queue._neighbour(None, -1)
+
+
+class FreeQueueView:
+    """``block_pool.free_block_queue``: the free queue's length and order, and its linked-list
+    ends (``fake_free_list_head``/``fake_free_list_tail``) for code that walks it."""
+
+    def __init__(self, tables: kvpool.BlockTables) -> None:
+        self._tables = tables
+        self.fake_free_list_head = _End(self, head=True)
+        self.fake_free_list_tail = _End(self, head=False)
+        _QUEUES[id(tables)] = self
+
+    def _neighbour(self, block_id: int | None, step: int) -> Any:
+        order = self._tables.free_block_ids().tolist()
+        if block_id is None:
+            i = 0 if step > 0 else len(order) - 1
+        elif block_id in order:
+            i = order.index(block_id) + step
+        else:
+            return None
+        if 0 <= i < len(order):
+            return BlockView(self._tables, order[i])
+        return self.fake_free_list_tail if step > 0 else self.fake_free_list_head
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._tables.get_num_free_blocks()
+
+    def get_all_free_blocks(self) -> list[BlockView]:
+        return [BlockView(self._tables, i) for i in self._tables.free_block_ids().tolist()]
+
+
+class _AllBlocks(Sequence[BlockView]):
+    def __init__(self, tables: kvpool.BlockTables) -> None:
+        self._tables = tables
+
+    def __len__(self) -> int:
+        return self._tables.num_blocks
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [BlockView(self._tables, i) for i in range(self._tables.num_blocks)[index]]
+        if index < 0:
+            index += self._tables.num_blocks
+        if not 0 <= index < self._tables.num_blocks:
+            raise IndexError(index)
+        return BlockView(self._tables, index)
+
+
+class CachedBlocksView:
+    """``block_pool.cached_block_hash_to_block``: its length (distinct cached keys) and truth."""
+
+    def __init__(self, tables: kvpool.BlockTables) -> None:
+        self._tables = tables
+
+    def __len__(self) -> int:
+        if self._tables.get_num_cached_blocks() == 0:
+            return 0
+        keys = {self._tables.block_hash(i) for i in range(self._tables.num_blocks)}
+        keys.discard(None)
+        return len(keys)
+
+    def __bool__(self) -> bool:
+        return self._tables.get_num_cached_blocks() > 0
+
+
+class BlockPoolView:
+    """``manager.block_pool``: reads, and the two calls vLLM's scheduler makes on it."""
+
+    def __init__(self, tables: kvpool.BlockTables, hash_block_size: int) -> None:
+        self._tables = tables
+        self.blocks = _AllBlocks(tables)
+        self.free_block_queue = FreeQueueView(tables)
+        self.cached_block_hash_to_block = CachedBlocksView(tables)
+        self.null_block = BlockView(tables, 0)
+        self.num_gpu_blocks = tables.num_blocks
+        self.enable_caching = tables.enable_caching
+        self.enable_kv_cache_events = tables.enable_events
+        self.hash_block_size = hash_block_size
+        self.medium = "GPU"
+        #: The manager's queue of vLLM events (set by the manager).
+        self.kv_event_queue: list[Any] = []
+
+    def get_num_free_blocks(self) -> int:
+        return self._tables.get_num_free_blocks()
+
+    def get_usage(self) -> float:
+        return self._tables.get_usage()
+
+    def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
+        self._tables.free_blocks(block_ids_of(ordered_blocks))
+
+    def touch(self, blocks: Iterable[Any]) -> None:
+        self._tables.touch(block_ids_of(blocks))
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self._tables.evict_blocks(sorted(block_ids))
+
+    def reset_prefix_cache(self) -> bool:
+        return self._tables.reset_prefix_cache()
+
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
+        hit = self._tables.find_longest_cache_hit([block_hash], max_blocks=1)
+        return [BlockView(self._tables, int(hit[0]))] if len(hit) else None
+
+
+
+class _RequestTables:
+    """``single_type_managers[0].req_to_blocks``: request id -> its blocks (read-only)."""
+
+    def __init__(self, tables: kvpool.BlockTables) -> None:
+        self._tables = tables
+
+    def __getitem__(self, request_id: str) -> BlockList:
+        return BlockList(self._tables, self._tables.get_blocks(request_id))
+
+    def get(self, request_id: str, default: Any = None) -> Any:
+        return self[request_id] if request_id in self else default
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._tables.request_ids()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._tables.request_ids())
+
+    def __len__(self) -> int:
+        return len(self._tables.request_ids())
+
+    def keys(self) -> tuple[Any, ...]:
+        return self._tables.request_ids()
+
+
+class _NumCached:
+    """``single_type_managers[0].num_cached_block``: request id -> cached blocks (read-only)."""
+
+    def __init__(self, tables: kvpool.BlockTables) -> None:
+        self._tables = tables
+
+    def __getitem__(self, request_id: str) -> int:
+        n = self._tables.num_cached_blocks(request_id)
+        if n is None:
+            raise KeyError(request_id)
+        return n
+
+    def get(self, request_id: str, default: Any = None) -> Any:
+        n = self._tables.num_cached_blocks(request_id)
+        return default if n is None else n
+
+    def __contains__(self, request_id: object) -> bool:
+        return self._tables.num_cached_blocks(request_id) is not None  # type: ignore[arg-type]
+
+
+class SingleTypeView:
+    """``coordinator.single_type_managers[0]``: the full-attention group's attributes."""
+
+    def __init__(self, tables: kvpool.BlockTables, kv_cache_spec: Any, block_pool: BlockPoolView) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.kv_cache_group_id = 0
+        self.block_pool = block_pool
+        self.enable_caching = tables.enable_caching
+        self.req_to_blocks = _RequestTables(tables)
+        self.num_cached_block = _NumCached(tables)
+        self.use_eagle = False
+        self.retains_longer_hit = False
+        self.records_new_block_ids = False
+
+
+class CoordinatorView:
+    """``manager.coordinator``: what the scheduler reads of vLLM's coordinator."""
+
+    enable_partial_hash_hits = False
+    num_reprefillable_tokens = 0
+
+    def __init__(self, manager: Any, single: SingleTypeView, retention_interval: int | None) -> None:
+        self._manager = manager
+        self.retention_interval = retention_interval
+        self.single_type_managers = (single,)
+        self.block_pool = single.block_pool
+        self.eagle_group_ids: set[int] = set()
+        self.drop_eagle_group_ids: set[int] = set()
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Any,
+                                   num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
+                                   num_local_computed_tokens: int = 0, num_tokens_main_model: int = 0,
+                                   apply_admission_cap: bool = False, prefill_end: int = 0) -> int:
+        hits = block_ids_of(new_computed_blocks[0]) if new_computed_blocks else []
+        return self._manager._tables.num_blocks_to_allocate(request_id, num_tokens, hits)  # type: ignore[no-any-return]
+
+    def get_blocks(self, request_id: str) -> tuple[BlockList]:
+        return (self.single_type_managers[0].req_to_blocks[request_id],)

@@ -1,0 +1,49 @@
+"""vLLM's schedulers on kvpool, and the switch that puts kvpool under every scheduler.
+
+vLLM's ``Scheduler.__init__`` builds its manager through the module global
+``vllm.v1.core.sched.scheduler.KVCacheManager``; ``install()`` points that global (and
+``vllm.v1.core.kv_cache_manager.KVCacheManager``) at ``kvpool.vllm.KVCacheManager``.
+``Scheduler`` and ``AsyncScheduler`` install it when first built, for
+``--scheduler-cls kvpool.vllm.Scheduler``; a class given there bypasses vLLM's automatic
+choice of the async scheduler, hence both.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import vllm.v1.core.kv_cache_manager as _kv_cache_manager_module
+import vllm.v1.core.sched.scheduler as _scheduler_module
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
+
+from kvpool.vllm._manager import KVCacheManager
+
+
+def install() -> None:
+    """Make vLLM's schedulers (and vLLM's module name ``KVCacheManager``) build kvpool's manager."""
+    _scheduler_module.KVCacheManager = KVCacheManager  # type: ignore[misc]
+    _kv_cache_manager_module.KVCacheManager = KVCacheManager  # type: ignore[misc]
+
+
+class Scheduler(_VllmScheduler):  # type: ignore[misc]
+    """vLLM 0.33's ``Scheduler`` with kvpool's ``KVCacheManager``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        install()
+        super().__init__(*args, **kwargs)
+
+
+class AsyncScheduler(_VllmAsyncScheduler):  # type: ignore[misc]
+    """vLLM 0.33's ``AsyncScheduler`` with kvpool's ``KVCacheManager``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        install()
+        super().__init__(*args, **kwargs)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: installs kvpool when ``KVPOOL_VLLM=1``."""
+    if os.environ.get("KVPOOL_VLLM") == "1":
+        install()

@@ -1,0 +1,420 @@
+//! `kvpool.BlockTables`: per-request block tables whose counters and hashes the
+//! caller owns (what `kvpool.vllm.KVCacheManager` delegates to).
+
+use std::sync::Mutex;
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use super::block_pool::max_pending_events_arg;
+use super::convert::{
+    extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
+    opt_int_arg, with_scratch,
+};
+use super::errors::IntoPyResult;
+use super::events::events_to_py;
+use super::hashing::hash_slice_of;
+use super::locking::with_lock;
+use super::requests::request_id;
+use crate::pool::{self, BlockPool, BlockTables, LoraInfo, PoolConfig, SlotCall, MAX_BLOCKS};
+
+/// Per-request block tables over one block pool (block 0 is vLLM's null block), for
+/// a caller that owns each request's ``num_computed_tokens`` and ``block_hashes`` and
+/// passes them in: vLLM 0.33's ``KVCacheManager`` with one full-attention group.
+///
+/// ``BlockTables(num_blocks, block_size, *, max_model_len, enable_caching=True,
+/// enable_events=False, record_new_block_ids=False, max_pending_events=None)``.
+#[pyclass(frozen, module = "kvpool", name = "BlockTables")]
+pub struct PyBlockTables {
+    inner: Mutex<BlockTables>,
+    config: PoolConfig,
+}
+
+impl PyBlockTables {
+    fn with_tables<R>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockTables) -> R) -> R {
+        with_lock(py, &self.inner, f)
+    }
+
+    fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        let mut ids = Vec::new();
+        extract_block_ids(obj, self.config.num_blocks, &mut ids)?;
+        Ok(ids)
+    }
+}
+
+#[pymethods]
+impl PyBlockTables {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, *, max_model_len, enable_caching=None, enable_events=None, record_new_block_ids=None, max_pending_events=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_blocks: &Bound<'_, PyAny>,
+        block_size: &Bound<'_, PyAny>,
+        max_model_len: &Bound<'_, PyAny>,
+        enable_caching: Option<&Bound<'_, PyAny>>,
+        enable_events: Option<&Bound<'_, PyAny>>,
+        record_new_block_ids: Option<&Bound<'_, PyAny>>,
+        max_pending_events: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let mut config =
+            PoolConfig::new(int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32);
+        config.block_size = int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32;
+        config.enable_caching = opt_bool_arg(enable_caching, "enable_caching", true)?;
+        config.enable_events = opt_bool_arg(enable_events, "enable_events", false)?;
+        config.max_pending_events = max_pending_events_arg(max_pending_events)?;
+        let max_model_len = int_arg(max_model_len, "max_model_len", 1, i64::MAX)? as usize;
+        let record = opt_bool_arg(record_new_block_ids, "record_new_block_ids", false)?;
+        let pool = BlockPool::new(config.clone()).py_err(py)?;
+        let inner = BlockTables::new(pool, max_model_len, record).py_err(py)?;
+        Ok(Self {
+            inner: Mutex::new(inner),
+            config,
+        })
+    }
+
+    /// Number of blocks (ids ``0..num_blocks``; block 0 is the null block).
+    #[getter]
+    fn num_blocks(&self) -> u32 {
+        self.config.num_blocks
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.config.block_size
+    }
+
+    /// Whether full blocks are kept in a prefix cache.
+    #[getter]
+    fn enable_caching(&self) -> bool {
+        self.config.enable_caching
+    }
+
+    /// Whether KV events are queued.
+    #[getter]
+    fn enable_events(&self) -> bool {
+        self.config.enable_events
+    }
+
+    /// The cached blocks of the longest cached prefix of ``block_hashes`` (at most
+    /// ``max_blocks``), not yet referenced: vLLM's full-attention hit search.
+    #[pyo3(signature = (block_hashes, max_blocks=None))]
+    fn find_longest_cache_hit<'py>(
+        &self,
+        py: Python<'py>,
+        block_hashes: &Bound<'py, PyAny>,
+        max_blocks: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let max = opt_int_arg(max_blocks, "max_blocks", 0, i64::MAX)?.map(|m| m as usize);
+        let mut flat = Vec::new();
+        let width = extract_hashes(block_hashes, &mut flat)?;
+        let hashes = hash_slice_of(&flat, width);
+        with_scratch(|out| {
+            self.with_tables(py, |t| {
+                t.pool()
+                    .find_longest_cache_hit(hashes, 0, max, out)
+                    .map(|_| ())
+            })
+            .py_err(py)?;
+            Ok(ids_to_numpy(py, out))
+        })
+    }
+
+    /// vLLM's ``allocate_slots`` for request ``request_id`` whose state is
+    /// ``num_computed_tokens``, ``num_tokens`` and ``block_hashes``: the new blocks
+    /// (int32), or ``None`` (nothing changed) when they do not fit.
+    /// ``new_computed_blocks=None`` is vLLM's empty sentinel (nothing to adopt).
+    #[pyo3(signature = (request_id, num_computed_tokens, num_tokens, block_hashes, num_new_tokens, *, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None, num_external_computed_tokens=None, delay_cache_blocks=None, full_sequence_must_fit=None, reserved_blocks=None, watermark_blocks=None, token_ids=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_slots<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+        num_computed_tokens: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+        block_hashes: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_new_computed_tokens: Option<&Bound<'py, PyAny>>,
+        new_computed_blocks: Option<&Bound<'py, PyAny>>,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
+        num_external_computed_tokens: Option<&Bound<'py, PyAny>>,
+        delay_cache_blocks: Option<&Bound<'py, PyAny>>,
+        full_sequence_must_fit: Option<&Bound<'py, PyAny>>,
+        reserved_blocks: Option<&Bound<'py, PyAny>>,
+        watermark_blocks: Option<&Bound<'py, PyAny>>,
+        token_ids: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let id = super::requests::request_id(request_id)?;
+        let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
+            Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
+        };
+        let mut flat = Vec::new();
+        let width = extract_hashes(block_hashes, &mut flat)?;
+        let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
+            Some(o) => Some(self.ids(o)?),
+            None => None,
+        };
+        let mut tokens = Vec::new();
+        let token_ids = match token_ids.filter(|o| !o.is_none()) {
+            Some(o) if self.config.enable_events => {
+                extract_i64s(o, "token_ids", &mut tokens)?;
+                Some(&tokens[..])
+            }
+            _ => None,
+        };
+        let call = SlotCall {
+            num_computed_tokens: int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)?
+                as usize,
+            num_tokens: int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize,
+            block_hashes: hash_slice_of(&flat, width),
+            num_new_tokens: int_arg(num_new_tokens, "num_new_tokens", 0, i64::MAX)? as usize,
+            num_new_computed_tokens: count(num_new_computed_tokens, "num_new_computed_tokens")?,
+            new_computed_blocks: hits.as_deref(),
+            num_lookahead_tokens: count(num_lookahead_tokens, "num_lookahead_tokens")?,
+            num_external_computed_tokens: count(
+                num_external_computed_tokens,
+                "num_external_computed_tokens",
+            )?,
+            delay_cache_blocks: opt_bool_arg(delay_cache_blocks, "delay_cache_blocks", false)?,
+            full_sequence_must_fit: opt_bool_arg(
+                full_sequence_must_fit,
+                "full_sequence_must_fit",
+                false,
+            )?,
+            reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
+            watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
+            token_ids,
+        };
+        with_scratch(|out| {
+            let ok = self
+                .with_tables(py, |t| t.allocate_slots(&id, &call, out))
+                .py_err(py)?;
+            Ok(ok.then(|| ids_to_numpy(py, out)))
+        })
+    }
+
+    /// vLLM's ``cache_blocks``: caches the request's blocks full within its first
+    /// ``num_tokens`` tokens.
+    #[pyo3(signature = (request_id, block_hashes, num_tokens, *, token_ids=None, lora_id=None, lora_name=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn cache_blocks(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        block_hashes: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+        token_ids: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        lora_name: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        let n = int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize;
+        let mut flat = Vec::new();
+        let width = extract_hashes(block_hashes, &mut flat)?;
+        let mut tokens = Vec::new();
+        let token_ids = match token_ids.filter(|o| !o.is_none()) {
+            Some(o) if self.config.enable_events => {
+                extract_i64s(o, "token_ids", &mut tokens)?;
+                Some(&tokens[..])
+            }
+            _ => None,
+        };
+        let lora = LoraInfo {
+            id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
+            name: super::convert::opt_str_arg(lora_name, "lora_name")?,
+        };
+        self.with_tables(py, |t| {
+            t.cache_blocks(&id, hash_slice_of(&flat, width), n, token_ids, &lora)
+        })
+        .py_err(py)
+    }
+
+    /// vLLM's ``get_num_blocks_to_allocate`` for the request.
+    #[pyo3(signature = (request_id, num_tokens, new_computed_blocks=None))]
+    fn num_blocks_to_allocate(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+        new_computed_blocks: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let id = super::requests::request_id(request_id)?;
+        let n = int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize;
+        let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
+            Some(o) => self.ids(o)?,
+            None => Vec::new(),
+        };
+        Ok(self.with_tables(py, |t| t.num_blocks_to_allocate(&id, n, &hits)))
+    }
+
+    /// The request's blocks (int32; empty for an unknown request).
+    fn get_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let id = super::requests::request_id(request_id)?;
+        with_scratch(|out| {
+            self.with_tables(py, |t| out.extend_from_slice(t.blocks(&id)));
+            Ok(ids_to_numpy(py, out))
+        })
+    }
+
+    /// How many of the request's blocks are cached (``None`` until vLLM tracks it).
+    fn num_cached_blocks(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<usize>> {
+        let id = super::requests::request_id(request_id)?;
+        Ok(self.with_tables(py, |t| t.num_cached_blocks(&id)))
+    }
+
+    /// Frees the request's blocks tail first and forgets it (unknown: no-op).
+    fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        self.with_tables(py, |t| t.free(&id)).py_err(py)
+    }
+
+    /// Forgets the request and returns its blocks (int32, allocation order) without
+    /// freeing them; the caller frees them later with ``free_blocks``.
+    fn pop_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let id = request_id_of(request_id)?;
+        let blocks = self.with_tables(py, |t| t.pop_blocks(&id));
+        Ok(ids_to_numpy(py, &blocks))
+    }
+
+    /// Frees blocks (vLLM's ``block_pool.free_blocks``), in the order given.
+    #[pyo3(signature = (block_ids, *, reverse=None))]
+    fn free_blocks(
+        &self,
+        py: Python<'_>,
+        block_ids: &Bound<'_, PyAny>,
+        reverse: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ids = self.ids(block_ids)?;
+        let reverse = opt_bool_arg(reverse, "reverse", false)?;
+        self.with_tables(py, |t| {
+            if reverse {
+                t.pool_mut().free_blocks_reversed(&ids)
+            } else {
+                t.pool_mut().free_blocks(&ids)
+            }
+        })
+        .py_err(py)
+    }
+
+    /// Takes a reference to each block (vLLM's ``block_pool.touch``).
+    fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self.ids(block_ids)?;
+        self.with_tables(py, |t| t.pool_mut().touch(&ids))
+            .py_err(py)
+    }
+
+    /// Drops the blocks from the prefix cache (vLLM's ``evict_blocks``).
+    fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = self.ids(block_ids)?;
+        self.with_tables(py, |t| t.pool_mut().evict_blocks(&ids))
+            .py_err(py)
+    }
+
+    /// Clears the prefix cache; refused (False) while any block is in use.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> bool {
+        self.with_tables(py, |t| t.pool_mut().reset_prefix_cache())
+    }
+
+    /// Free blocks.
+    fn get_num_free_blocks(&self, py: Python<'_>) -> usize {
+        self.with_tables(py, |t| t.pool().num_free_blocks())
+    }
+
+    /// Blocks in the prefix cache.
+    fn get_num_cached_blocks(&self, py: Python<'_>) -> usize {
+        self.with_tables(py, |t| t.pool().num_cached_blocks())
+    }
+
+    /// Fraction of usable blocks in use.
+    fn get_usage(&self, py: Python<'_>) -> f64 {
+        self.with_tables(py, |t| t.pool().usage())
+    }
+
+    /// The free queue, head (next to be reused) to tail (int32).
+    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let ids: Vec<u32> = self.with_tables(py, |t| t.pool().free_block_ids().collect());
+        ids_to_numpy(py, &ids)
+    }
+
+    /// Every block's reference count, by id (int32).
+    fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let counts: Vec<u32> = self.with_tables(py, |t| t.pool().ref_counts().collect());
+        ids_to_numpy(py, &counts)
+    }
+
+    /// Block ``block_id``'s reference count.
+    fn ref_count(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let id = int_arg(block_id, "block_id", 0, self.config.num_blocks as i64 - 1)? as u32;
+        self.with_tables(py, |t| t.pool().ref_count(id)).py_err(py)
+    }
+
+    /// Block ``block_id``'s ``(hash, group)`` while it is cached, else ``None``.
+    fn block_hash(
+        &self,
+        py: Python<'_>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<(Vec<u8>, u32)>> {
+        let id = int_arg(block_id, "block_id", 0, self.config.num_blocks as i64 - 1)? as u32;
+        let key = self
+            .with_tables(py, |t| t.pool().block_hash(id))
+            .py_err(py)?;
+        Ok(key.map(|k| (k.hash.as_bytes().to_vec(), k.group)))
+    }
+
+    /// Ids of blocks allocated since the last call (int32; empty unless recording).
+    fn take_new_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let ids = self.with_tables(py, |t| t.take_new_block_ids());
+        ids_to_numpy(py, &ids)
+    }
+
+    /// The queued KV-cache events, oldest first; the queue is emptied.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.with_tables(py, |t| t.pool_mut().take_events());
+        events_to_py(py, events)
+    }
+
+    /// Requests with a table, sorted.
+    fn request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        let mut ids: Vec<pool::RequestId> =
+            self.with_tables(py, |t| t.request_ids().cloned().collect());
+        ids.sort();
+        let items = ids
+            .iter()
+            .map(|id| super::requests::request_id_to_py(py, id))
+            .collect::<PyResult<Vec<_>>>()?;
+        pyo3::types::PyTuple::new(py, items)
+    }
+
+    /// Raises ``InvariantError`` if the pool or the tables are inconsistent.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        let result = self.with_tables(py, |t| t.check_invariants());
+        result.map_err(|problems| {
+            super::errors::error(py, super::errors::ErrorKind::Invariant, problems.join("; "))
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "BlockTables(num_blocks={}, block_size={})",
+            self.config.num_blocks, self.config.block_size
+        )
+    }
+}
+
+fn request_id_of(obj: &Bound<'_, PyAny>) -> PyResult<pool::RequestId> {
+    request_id(obj)
+}

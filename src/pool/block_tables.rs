@@ -1,0 +1,374 @@
+//! Per-request block tables whose token counts and block hashes belong to the
+//! caller: the shape of vLLM 0.33's `KVCacheManager` with one full-attention
+//! group (`UnitaryKVCacheCoordinator` over a `FullAttentionManager`), where the
+//! scheduler owns `request.num_computed_tokens` and the request's `block_hashes`
+//! and passes them in on every call.
+//!
+//! [`super::KVCacheManager`] keeps those itself; both apply the same slot rules
+//! (`slots.rs`): how many blocks a request needs, how many free blocks that
+//! takes, and which of its blocks are cached. This module adds vLLM's extra
+//! inputs: external (connector) tokens, delayed caching, the full-sequence
+//! admission gate, reserved and watermark blocks, and vLLM's rule that only a
+//! request not yet running may adopt prefix hits.
+//!
+//! Every call validates first, so an `Err` changes nothing.
+
+use hashbrown::HashMap;
+
+use super::block_pool::{BlockPool, CacheBlocks};
+use super::error::{PoolError, PoolResult};
+use super::hash_key::HashSlice;
+use super::manager::LoraInfo;
+use super::request_id::RequestId;
+use super::slots;
+
+/// One request's blocks.
+#[derive(Clone, Debug, Default)]
+struct Table {
+    blocks: Vec<u32>,
+    /// vLLM's `num_cached_block[request_id]`: `None` until the request adopts its
+    /// prefix hits or first caches a block. A request with `Some` is running and
+    /// takes no new hits.
+    num_cached: Option<usize>,
+}
+
+/// One `allocate_slots` call: the request's state as the caller holds it, and
+/// vLLM's arguments.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotCall<'a> {
+    /// `request.num_computed_tokens`.
+    pub num_computed_tokens: usize,
+    /// `request.num_tokens` (prompt and output tokens so far).
+    pub num_tokens: usize,
+    /// `request.block_hashes`.
+    pub block_hashes: HashSlice<'a>,
+    /// Tokens to compute this step.
+    pub num_new_tokens: usize,
+    /// Tokens of `new_computed_blocks`.
+    pub num_new_computed_tokens: usize,
+    /// The prefix hits to adopt: `None` for vLLM's empty sentinel (nothing to
+    /// adopt), `Some(&[])` for an explicit empty set.
+    pub new_computed_blocks: Option<&'a [u32]>,
+    /// Speculative slots beyond the new tokens (never cached).
+    pub num_lookahead_tokens: usize,
+    /// Tokens a KV connector provides, after the local hits.
+    pub num_external_computed_tokens: usize,
+    /// Do not cache the blocks now (P/D: the KV arrives later).
+    pub delay_cache_blocks: bool,
+    /// Allocate only if the whole request (`num_tokens`) would fit.
+    pub full_sequence_must_fit: bool,
+    /// Free blocks to leave for other requests.
+    pub reserved_blocks: usize,
+    /// Further free blocks to leave (vLLM's watermark, for waiting requests).
+    pub watermark_blocks: usize,
+    /// The request's token ids, for `BlockStored` events.
+    pub token_ids: Option<&'a [i64]>,
+}
+
+impl<'a> SlotCall<'a> {
+    /// A call for `num_new_tokens` with no hits, lookahead, connector or gates.
+    pub fn new(
+        num_computed_tokens: usize,
+        num_tokens: usize,
+        block_hashes: HashSlice<'a>,
+        num_new_tokens: usize,
+    ) -> Self {
+        Self {
+            num_computed_tokens,
+            num_tokens,
+            block_hashes,
+            num_new_tokens,
+            num_new_computed_tokens: 0,
+            new_computed_blocks: None,
+            num_lookahead_tokens: 0,
+            num_external_computed_tokens: 0,
+            delay_cache_blocks: false,
+            full_sequence_must_fit: false,
+            reserved_blocks: 0,
+            watermark_blocks: 0,
+            token_ids: None,
+        }
+    }
+}
+
+/// Block tables over one pool, for a caller that owns the requests.
+#[derive(Debug)]
+pub struct BlockTables {
+    pool: BlockPool,
+    tables: HashMap<RequestId, Table>,
+    max_model_len: usize,
+    /// Ids of blocks allocated since the last [`Self::take_new_block_ids`], when
+    /// the engine zeroes new blocks.
+    new_block_ids: Option<Vec<u32>>,
+}
+
+impl BlockTables {
+    /// Tables over `pool` for sequences of at most `max_model_len` tokens;
+    /// `record_new_block_ids` keeps the ids of new blocks for zeroing.
+    pub fn new(
+        pool: BlockPool,
+        max_model_len: usize,
+        record_new_block_ids: bool,
+    ) -> PoolResult<Self> {
+        if max_model_len == 0 {
+            return Err(PoolError::InvalidArgument(
+                "max_model_len must be at least 1".into(),
+            ));
+        }
+        Ok(Self {
+            pool,
+            tables: HashMap::new(),
+            max_model_len,
+            new_block_ids: record_new_block_ids.then(Vec::new),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// The pool, mutably (for the calls vLLM's scheduler makes on its block pool).
+    pub fn pool_mut(&mut self) -> &mut BlockPool {
+        &mut self.pool
+    }
+
+    /// Longest sequence a request may reach.
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    fn block_size(&self) -> usize {
+        self.pool.config().block_size as usize
+    }
+
+    /// The request's blocks (empty for an unknown request, as vLLM's tables).
+    pub fn blocks(&self, id: &RequestId) -> &[u32] {
+        self.tables.get(id).map_or(&[], |t| &t.blocks)
+    }
+
+    /// How many of the request's blocks are cached (`None`: vLLM does not track it
+    /// yet).
+    pub fn num_cached_blocks(&self, id: &RequestId) -> Option<usize> {
+        self.tables.get(id).and_then(|t| t.num_cached)
+    }
+
+    /// Requests with a table.
+    pub fn request_ids(&self) -> impl Iterator<Item = &RequestId> {
+        self.tables.keys()
+    }
+
+    /// vLLM's `get_num_blocks_to_allocate` for the request: new blocks plus hits
+    /// that must leave the free queue, to give it `num_tokens` slots.
+    pub fn num_blocks_to_allocate(&self, id: &RequestId, num_tokens: usize, hits: &[u32]) -> usize {
+        let table = self.tables.get(id);
+        let held = table.map_or(0, |t| t.blocks.len());
+        let required = num_tokens.div_ceil(self.block_size());
+        if table.is_some_and(|t| t.num_cached.is_some()) {
+            return required.saturating_sub(held);
+        }
+        slots::blocks_to_allocate(&self.pool, required, held, hits)
+    }
+
+    /// vLLM's `allocate_slots`: `Ok(true)` with the new blocks appended to `out`,
+    /// `Ok(false)` (nothing changed) when they do not fit.
+    pub fn allocate_slots(
+        &mut self,
+        id: &RequestId,
+        call: &SlotCall<'_>,
+        out: &mut Vec<u32>,
+    ) -> PoolResult<bool> {
+        let hits = call.new_computed_blocks.unwrap_or(&[]);
+        if call.num_new_tokens == 0
+            && call.num_external_computed_tokens == 0
+            && call.num_new_computed_tokens == 0
+        {
+            return Err(PoolError::InvalidArgument(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+                    .into(),
+            ));
+        }
+        let adopting = call.new_computed_blocks.is_some() || call.num_external_computed_tokens > 0;
+        let table = self.tables.get(id);
+        let running = table.is_some_and(|t| t.num_cached.is_some());
+        if !hits.is_empty() {
+            if running {
+                return Err(PoolError::InvalidArgument(
+                    "a running request takes no new computed blocks".into(),
+                ));
+            }
+            if table.is_some_and(|t| !t.blocks.is_empty()) {
+                return Err(PoolError::InvalidArgument(
+                    "new computed blocks are adopted only by a request without blocks".into(),
+                ));
+            }
+            if !self.pool.config().enable_caching {
+                return Err(PoolError::CachingDisabled);
+            }
+            self.pool.check_ids(hits)?;
+        }
+        let block_size = self.block_size();
+        let max_len = self.max_model_len;
+        let num_local = call
+            .num_computed_tokens
+            .saturating_add(call.num_new_computed_tokens);
+        let total = num_local
+            .saturating_add(call.num_external_computed_tokens)
+            .min(max_len);
+        let free = self.pool.num_free_blocks() as i128;
+        if call.full_sequence_must_fit {
+            let need = self.num_blocks_to_allocate(id, call.num_tokens.min(max_len), hits);
+            if (need + call.watermark_blocks) as i128 > free {
+                return Ok(false);
+            }
+        }
+        let need_slots = total
+            .saturating_add(call.num_new_tokens)
+            .saturating_add(call.num_lookahead_tokens)
+            .min(max_len);
+        let need = self.num_blocks_to_allocate(id, need_slots, hits);
+        if need.saturating_add(call.watermark_blocks) as i128 > free - call.reserved_blocks as i128
+        {
+            return Ok(false);
+        }
+        // From here on nothing fails: the ids are checked and the blocks fit.
+        let table = self.tables.entry(id.clone()).or_default();
+        let start = out.len();
+        if adopting && table.num_cached.is_none() {
+            if !hits.is_empty() {
+                self.pool.touch(hits)?;
+            }
+            table.blocks.extend_from_slice(hits);
+            table.num_cached = Some(table.blocks.len());
+            if call.num_external_computed_tokens > 0 {
+                let want = num_local
+                    .saturating_add(call.num_external_computed_tokens)
+                    .div_ceil(block_size)
+                    .saturating_sub(table.blocks.len());
+                let at = out.len();
+                self.pool.get_new_blocks(want, out)?;
+                table.blocks.extend_from_slice(&out[at..]);
+            }
+        }
+        let want = need_slots
+            .div_ceil(block_size)
+            .saturating_sub(table.blocks.len());
+        let at = out.len();
+        self.pool.get_new_blocks(want, out)?;
+        table.blocks.extend_from_slice(&out[at..]);
+        if let Some(ids) = &mut self.new_block_ids {
+            ids.extend_from_slice(&out[start..]);
+        }
+        // The blocks vLLM returns are those of the new tokens; connector blocks
+        // belong to the table but not to the result.
+        let external = out.len() - start - want;
+        out.drain(start..start + external);
+        if !call.delay_cache_blocks {
+            let num_tokens = total
+                .saturating_add(call.num_new_tokens)
+                .min(call.num_tokens);
+            self.cache_blocks(
+                id,
+                call.block_hashes,
+                num_tokens,
+                call.token_ids,
+                &LoraInfo::default(),
+            )?;
+        }
+        Ok(true)
+    }
+
+    /// vLLM's `cache_blocks`: caches the request's blocks that are full within its
+    /// first `num_tokens` tokens and have a hash.
+    pub fn cache_blocks(
+        &mut self,
+        id: &RequestId,
+        block_hashes: HashSlice<'_>,
+        num_tokens: usize,
+        token_ids: Option<&[i64]>,
+        lora: &LoraInfo,
+    ) -> PoolResult<()> {
+        if !self.pool.config().enable_caching {
+            return Ok(());
+        }
+        let block_size = self.block_size();
+        let Some(table) = self.tables.get_mut(id) else {
+            return Ok(());
+        };
+        let num_cached = table.num_cached.unwrap_or(0);
+        let num_full =
+            (num_tokens.min(block_hashes.len() * block_size) / block_size).min(table.blocks.len());
+        if num_cached >= num_full {
+            return Ok(());
+        }
+        let call = CacheBlocks {
+            block_ids: &table.blocks,
+            block_hashes,
+            num_cached_blocks: num_cached,
+            num_full_blocks: num_full,
+            group: 0,
+            token_ids: if self.pool.config().enable_events {
+                token_ids
+            } else {
+                None
+            },
+            lora_id: lora.id,
+            lora_name: lora.name.as_deref(),
+        };
+        self.pool.cache_full_blocks(call)?;
+        table.num_cached = Some(num_full);
+        Ok(())
+    }
+
+    /// vLLM's `pop_blocks_for_free`: forgets the request and hands its blocks
+    /// over, in allocation order, without freeing them.
+    pub fn pop_blocks(&mut self, id: &RequestId) -> Vec<u32> {
+        self.tables.remove(id).map(|t| t.blocks).unwrap_or_default()
+    }
+
+    /// vLLM's `free`: frees the request's blocks tail first and forgets it (an
+    /// unknown request is a no-op, as in vLLM).
+    pub fn free(&mut self, id: &RequestId) -> PoolResult<()> {
+        let blocks = match self.tables.get(id) {
+            Some(t) => t.blocks.clone(),
+            None => return Ok(()),
+        };
+        self.pool.free_blocks_reversed(&blocks)?;
+        self.tables.remove(id);
+        Ok(())
+    }
+
+    /// Ids of blocks allocated since the last call (empty unless recording).
+    pub fn take_new_block_ids(&mut self) -> Vec<u32> {
+        self.new_block_ids
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Checks the pool and that the tables hold exactly the pool's references.
+    pub fn check_invariants(&self) -> Result<(), Vec<String>> {
+        let mut problems = self.pool.check_invariants().err().unwrap_or_default();
+        let mut holders = vec![0u32; self.pool.num_blocks() as usize];
+        for table in self.tables.values() {
+            for &b in &table.blocks {
+                if let Some(h) = holders.get_mut(b as usize) {
+                    *h += 1;
+                }
+            }
+        }
+        for (id, count) in self.pool.ref_counts().enumerate() {
+            if Some(id as u32) != self.pool.null_block() && count < holders[id] {
+                problems.push(format!(
+                    "block {id} has count {count} but {} table entries",
+                    holders[id]
+                ));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
