@@ -41,6 +41,8 @@ logger = logging.getLogger("kvpool.vllm")
 #: vLLM's own manager class, for configurations kvpool does not cover.
 VllmKVCacheManager = _vllm_kvm.KVCacheManager
 
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
 #: How many managers were built on kvpool and how many fell back to vLLM's class.
 COUNTS = {"kvpool": 0, "fallback": 0}
 #: Why managers fell back, with how many times each.
@@ -128,7 +130,7 @@ class KVCacheManager:
         self.log_stats = log_stats
         self.metrics_collector = metrics_collector
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
-        self.block_size = spec.block_size
+        self.block_size: int = spec.block_size
         self._tables = kvpool.BlockTables(
             kv_cache_config.num_blocks,
             spec.block_size,
@@ -299,32 +301,25 @@ class KVCacheManager:
             hits = None
         else:
             hits = block_ids_of(new_computed_blocks)
-        first = (self._tables.num_cached_blocks(request.request_id) or 0) if self.enable_kv_cache_events else 0
-        if hits and self.enable_kv_cache_events:
-            first = len(hits)
         watermark = 0
-        if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING:
             watermark = self.watermark_blocks
+        rid = request.request_id
+        if self.enable_kv_cache_events:
+            first = len(hits) if hits is not None else (self._tables.num_cached_blocks(rid) or 0)
+        # Positional, in the binding's order: no keyword parsing on the hot path. Without
+        # prefix caching no hash is ever read, so none crosses.
         ids = self._tables.allocate_slots(
-            request.request_id,
-            request.num_computed_tokens,
-            request.num_tokens,
-            request.block_hashes,
-            num_new_tokens,
-            num_new_computed_tokens=num_new_computed_tokens,
-            new_computed_blocks=hits,
-            num_lookahead_tokens=num_lookahead_tokens,
-            num_external_computed_tokens=num_external_computed_tokens,
-            delay_cache_blocks=delay_cache_blocks,
-            full_sequence_must_fit=full_sequence_must_fit,
-            reserved_blocks=reserved_blocks,
-            watermark_blocks=watermark,
+            rid, request.num_computed_tokens, request.num_tokens,
+            request.block_hashes if self.enable_caching else (), num_new_tokens, num_new_computed_tokens,
+            hits, num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+            full_sequence_must_fit, reserved_blocks, watermark,
         )
         if self.enable_kv_cache_events:
             self._drain_events(request, first)
         if ids is None:
             return None
-        return self._blocks(ids)
+        return KvpoolBlocks(self._tables, ids) if len(ids) else self.empty_kv_cache_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's blocks full within its first ``num_computed_tokens`` tokens."""

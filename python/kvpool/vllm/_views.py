@@ -43,9 +43,9 @@ class BlockView:
         return self.block_id == 0
 
     @property
-    def block_hash(self) -> bytes | None:
+    def block_hash(self) -> Any:
         key = self._tables.block_hash(self.block_id)
-        return None if key is None else make_block_hash_with_group_id(key[0], key[1])  # type: ignore[arg-type]
+        return None if key is None else make_block_hash_with_group_id(key[0], key[1])
 
     @property
     def next_free_block(self) -> Any:
@@ -104,13 +104,18 @@ class BlockList(Sequence[BlockView]):
         return f"BlockList({self.ids.tolist()})"
 
 
-class KvpoolBlocks(KVCacheBlocks):
+class KvpoolBlocks(KVCacheBlocks):  # type: ignore[misc]
     """vLLM's ``KVCacheBlocks`` over kvpool ids (one group): ``get_block_ids()`` hands the
     ids over directly; ``blocks[0]`` views them as blocks."""
 
     def __init__(self, tables: kvpool.BlockTables, ids: np.ndarray) -> None:  # noqa: D107
         self.ids = ids
-        self.blocks = (BlockList(tables, ids),)
+        self._tables = tables
+
+    @property
+    def blocks(self) -> tuple[BlockList]:
+        """The blocks as ``KVCacheBlock`` views (made on first use)."""
+        return (BlockList(self._tables, self.ids),)
 
     def get_block_ids(self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None) -> Any:
         if allow_none and len(self.ids) == 0:
@@ -127,7 +132,7 @@ class KvpoolBlocks(KVCacheBlocks):
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         if isinstance(other, KvpoolBlocks):
-            return KvpoolBlocks(self.blocks[0]._tables, np.concatenate([self.ids, other.ids]))
+            return KvpoolBlocks(self._tables, np.concatenate([self.ids, other.ids]))
         return KVCacheBlocks((list(self.blocks[0]) + list(other.blocks[0]),))
 
     def __repr__(self) -> str:
@@ -308,6 +313,12 @@ class _NumCached:
 
     def __contains__(self, request_id: object) -> bool:
         return self._tables.num_cached_blocks(request_id) is not None  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        return (r for r in self._tables.request_ids() if r in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 class SingleTypeView:

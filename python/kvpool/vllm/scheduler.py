@@ -10,7 +10,6 @@ choice of the async scheduler, hence both.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import vllm.v1.core.kv_cache_manager as _kv_cache_manager_module
@@ -23,8 +22,8 @@ from kvpool.vllm._manager import KVCacheManager
 
 def install() -> None:
     """Make vLLM's schedulers (and vLLM's module name ``KVCacheManager``) build kvpool's manager."""
-    _scheduler_module.KVCacheManager = KVCacheManager  # type: ignore[misc]
-    _kv_cache_manager_module.KVCacheManager = KVCacheManager  # type: ignore[misc]
+    _scheduler_module.KVCacheManager = KVCacheManager
+    _kv_cache_manager_module.KVCacheManager = KVCacheManager
 
 
 class Scheduler(_VllmScheduler):  # type: ignore[misc]
@@ -41,9 +40,3 @@ class AsyncScheduler(_VllmAsyncScheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         install()
         super().__init__(*args, **kwargs)
-
-
-def register() -> None:
-    """The ``vllm.general_plugins`` entry point: installs kvpool when ``KVPOOL_VLLM=1``."""
-    if os.environ.get("KVPOOL_VLLM") == "1":
-        install()
