@@ -41,10 +41,13 @@ def make_workload(kind: str, n: int, seed: int = 0) -> list[tuple[str, list[int]
 
 
 class Timed:
-    """Wraps the manager's (and its block pool's) methods to add their time to ``total``."""
+    """Wraps the manager's (and its block pool's) methods to add their time to ``total``;
+    only the outermost call is counted, so a pool call made by the manager is not counted
+    twice."""
 
     def __init__(self) -> None:
         self.total = 0
+        self.depth = 0
 
     def wrap(self, obj: Any) -> None:
         for name in dir(type(obj)):
@@ -59,11 +62,15 @@ class Timed:
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
+            if self.depth:
+                return fn(*args, **kwargs)
+            self.depth += 1
             t = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.total += clock() - t
+                self.depth -= 1
 
         return call
 

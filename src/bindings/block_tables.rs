@@ -9,8 +9,8 @@ use pyo3::types::PyList;
 
 use super::block_pool::max_pending_events_arg;
 use super::convert::{
-    extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
-    opt_int_arg, with_scratch,
+    extract_block_ids, extract_hashes, extract_hashes_after, extract_i64s, ids_to_numpy, int_arg,
+    opt_bool_arg, opt_int_arg, with_scratch,
 };
 use super::errors::IntoPyResult;
 use super::events::events_to_py;
@@ -151,8 +151,10 @@ impl PyBlockTables {
         let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
             Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
         };
+        // Only the hashes the tables do not have yet cross (a request's hashes only grow).
+        let known = self.with_tables(py, |t| t.num_known_hashes(&id));
         let mut flat = Vec::new();
-        let width = extract_hashes(block_hashes, &mut flat)?;
+        let (hashes_from, width) = extract_hashes_after(block_hashes, known, &mut flat)?;
         let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
             Some(o) => Some(self.ids(o)?),
             None => None,
@@ -170,6 +172,7 @@ impl PyBlockTables {
                 as usize,
             num_tokens: int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize,
             block_hashes: hash_slice_of(&flat, width),
+            hashes_from,
             num_new_tokens: int_arg(num_new_tokens, "num_new_tokens", 0, i64::MAX)? as usize,
             num_new_computed_tokens: count(num_new_computed_tokens, "num_new_computed_tokens")?,
             new_computed_blocks: hits.as_deref(),
@@ -212,8 +215,9 @@ impl PyBlockTables {
     ) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
         let n = int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize;
+        let known = self.with_tables(py, |t| t.num_known_hashes(&id));
         let mut flat = Vec::new();
-        let width = extract_hashes(block_hashes, &mut flat)?;
+        let (hashes_from, width) = extract_hashes_after(block_hashes, known, &mut flat)?;
         let mut tokens = Vec::new();
         let token_ids = match token_ids.filter(|o| !o.is_none()) {
             Some(o) if self.config.enable_events => {
@@ -227,7 +231,14 @@ impl PyBlockTables {
             name: super::convert::opt_str_arg(lora_name, "lora_name")?,
         };
         self.with_tables(py, |t| {
-            t.cache_blocks(&id, hash_slice_of(&flat, width), n, token_ids, &lora)
+            t.cache_blocks(
+                &id,
+                hashes_from,
+                hash_slice_of(&flat, width),
+                n,
+                token_ids,
+                &lora,
+            )
         })
         .py_err(py)
     }

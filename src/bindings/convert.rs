@@ -419,6 +419,27 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
     Ok(width)
 }
 
+/// Like [`extract_hashes`], leaving out the first `skip` hashes of a `list` or
+/// `tuple` (a caller that already has them); other inputs are converted whole.
+/// Returns `(from, width)`: the index of the first hash copied, and the width.
+pub fn extract_hashes_after(
+    obj: &Bound<'_, PyAny>,
+    skip: usize,
+    flat: &mut Vec<u8>,
+) -> PyResult<(usize, usize)> {
+    let tail = if let Ok(list) = obj.cast_exact::<PyList>() {
+        (skip <= list.len()).then(|| list.get_slice(skip, list.len()).into_any())
+    } else if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
+        (skip <= tuple.len()).then(|| tuple.get_slice(skip, tuple.len()).into_any())
+    } else {
+        None
+    };
+    match tail {
+        Some(tail) => Ok((skip, extract_hashes(&tail, flat)?)),
+        None => Ok((0, extract_hashes(obj, flat)?)),
+    }
+}
+
 /// A bool argument: a `bool` or `numpy.bool_`; anything else is a `DtypeError`.
 pub fn bool_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
     if let Ok(b) = obj.cast::<PyBool>() {

@@ -22,10 +22,13 @@ use super::manager::LoraInfo;
 use super::request_id::RequestId;
 use super::slots;
 
-/// One request's blocks.
+/// One request's blocks, and the block hashes seen so far (a request's hashes only
+/// grow, so each crosses from the caller once).
 #[derive(Clone, Debug, Default)]
 struct Table {
     blocks: Vec<u32>,
+    hashes: Vec<u8>,
+    hash_width: usize,
     /// vLLM's `num_cached_block[request_id]`: `None` until the request adopts its
     /// prefix hits or first caches a block. A request with `Some` is running and
     /// takes no new hits.
@@ -40,8 +43,11 @@ pub struct SlotCall<'a> {
     pub num_computed_tokens: usize,
     /// `request.num_tokens` (prompt and output tokens so far).
     pub num_tokens: usize,
-    /// `request.block_hashes`.
+    /// `request.block_hashes[hashes_from..]`: the caller may leave out the hashes
+    /// the tables already have ([`BlockTables::num_known_hashes`]).
     pub block_hashes: HashSlice<'a>,
+    /// Index in `request.block_hashes` of `block_hashes[0]`.
+    pub hashes_from: usize,
     /// Tokens to compute this step.
     pub num_new_tokens: usize,
     /// Tokens of `new_computed_blocks`.
@@ -77,6 +83,7 @@ impl<'a> SlotCall<'a> {
             num_computed_tokens,
             num_tokens,
             block_hashes,
+            hashes_from: 0,
             num_new_tokens,
             num_new_computed_tokens: 0,
             new_computed_blocks: None,
@@ -153,6 +160,59 @@ impl BlockTables {
         self.tables.get(id).and_then(|t| t.num_cached)
     }
 
+    /// How many of the request's block hashes the tables hold: a caller passes
+    /// `request.block_hashes[n..]` from here on.
+    pub fn num_known_hashes(&self, id: &RequestId) -> usize {
+        self.tables
+            .get(id)
+            .map_or(0, |t| t.hashes.len().checked_div(t.hash_width).unwrap_or(0))
+    }
+
+    /// Checks that `hashes`, starting at index `from` of the request's hashes, leave
+    /// no gap after the known ones and have their width.
+    fn check_hashes(&self, id: &RequestId, from: usize, hashes: HashSlice<'_>) -> PoolResult<()> {
+        let known = self.num_known_hashes(id);
+        if let Some(w) = self.pool.hash_width() {
+            if !hashes.is_empty() && hashes.width() != w {
+                return Err(PoolError::HashWidth {
+                    expected: Some(w),
+                    got: hashes.width(),
+                });
+            }
+        }
+        if from > known {
+            return Err(PoolError::InvalidArgument(format!(
+                "block hashes from index {from} leave a gap: the tables hold {known}"
+            )));
+        }
+        if let Some(t) = self.tables.get(id) {
+            if t.hash_width != 0 && !hashes.is_empty() && hashes.width() != t.hash_width {
+                return Err(PoolError::HashWidth {
+                    expected: Some(t.hash_width),
+                    got: hashes.width(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the hashes past the known ones (those at `from..`).
+    fn learn_hashes(table: &mut Table, from: usize, hashes: HashSlice<'_>) {
+        if hashes.is_empty() {
+            return;
+        }
+        if table.hash_width == 0 {
+            table.hash_width = hashes.width();
+        }
+        let known = table.hashes.len() / table.hash_width;
+        let skip = known - from; // from <= known was checked
+        if skip < hashes.len() {
+            table
+                .hashes
+                .extend_from_slice(&hashes.as_bytes()[skip * table.hash_width..]);
+        }
+    }
+
     /// Requests with a table.
     pub fn request_ids(&self) -> impl Iterator<Item = &RequestId> {
         self.tables.keys()
@@ -179,6 +239,7 @@ impl BlockTables {
         out: &mut Vec<u32>,
     ) -> PoolResult<bool> {
         let hits = call.new_computed_blocks.unwrap_or(&[]);
+        self.check_hashes(id, call.hashes_from, call.block_hashes)?;
         if call.num_new_tokens == 0
             && call.num_external_computed_tokens == 0
             && call.num_new_computed_tokens == 0
@@ -233,6 +294,7 @@ impl BlockTables {
         }
         // From here on nothing fails: the ids are checked and the blocks fit.
         let table = self.tables.entry(id.clone()).or_default();
+        Self::learn_hashes(table, call.hashes_from, call.block_hashes);
         let start = out.len();
         if adopting && table.num_cached.is_none() {
             if !hits.is_empty() {
@@ -267,23 +329,35 @@ impl BlockTables {
             let num_tokens = total
                 .saturating_add(call.num_new_tokens)
                 .min(call.num_tokens);
-            self.cache_blocks(
-                id,
-                call.block_hashes,
-                num_tokens,
-                call.token_ids,
-                &LoraInfo::default(),
-            )?;
+            self.cache_known_blocks(id, num_tokens, call.token_ids, &LoraInfo::default())?;
         }
         Ok(true)
     }
 
     /// vLLM's `cache_blocks`: caches the request's blocks that are full within its
-    /// first `num_tokens` tokens and have a hash.
+    /// first `num_tokens` tokens and have a hash; `block_hashes` are the request's
+    /// hashes from index `hashes_from` (those already known may be left out).
     pub fn cache_blocks(
         &mut self,
         id: &RequestId,
+        hashes_from: usize,
         block_hashes: HashSlice<'_>,
+        num_tokens: usize,
+        token_ids: Option<&[i64]>,
+        lora: &LoraInfo,
+    ) -> PoolResult<()> {
+        self.check_hashes(id, hashes_from, block_hashes)?;
+        if let Some(table) = self.tables.get_mut(id) {
+            Self::learn_hashes(table, hashes_from, block_hashes);
+        }
+        self.cache_known_blocks(id, num_tokens, token_ids, lora)
+    }
+
+    /// Caches the request's blocks full within `num_tokens` tokens, with the hashes
+    /// the tables know.
+    fn cache_known_blocks(
+        &mut self,
+        id: &RequestId,
         num_tokens: usize,
         token_ids: Option<&[i64]>,
         lora: &LoraInfo,
@@ -294,6 +368,11 @@ impl BlockTables {
         let block_size = self.block_size();
         let Some(table) = self.tables.get_mut(id) else {
             return Ok(());
+        };
+        let block_hashes = if table.hash_width == 0 {
+            HashSlice::empty()
+        } else {
+            HashSlice::new(&table.hashes, table.hash_width)?
         };
         let num_cached = table.num_cached.unwrap_or(0);
         let num_full =
