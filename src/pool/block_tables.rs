@@ -451,3 +451,157 @@ impl BlockTables {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::PoolConfig;
+
+    const BS: usize = 4;
+
+    fn tables(num_blocks: u32) -> BlockTables {
+        let mut config = PoolConfig::new(num_blocks);
+        config.block_size = BS as u32;
+        BlockTables::new(BlockPool::new(config).unwrap(), 1024, true).unwrap()
+    }
+
+    fn hashes(n: usize) -> Vec<u8> {
+        (0..n).flat_map(|i| [i as u8 + 1; 8]).collect()
+    }
+
+    fn rid(i: i64) -> RequestId {
+        RequestId::Int(i)
+    }
+
+    #[test]
+    fn allocates_caches_and_frees_tail_first() {
+        let mut t = tables(16);
+        let h = hashes(2);
+        let call = SlotCall::new(0, 10, HashSlice::new(&h, 8).unwrap(), 10);
+        let mut out = Vec::new();
+        assert!(t.allocate_slots(&rid(1), &call, &mut out).unwrap());
+        assert_eq!(out, vec![1, 2, 3]);
+        assert_eq!(t.num_cached_blocks(&rid(1)), Some(2));
+        assert_eq!(t.pool().num_cached_blocks(), 2);
+        assert_eq!(t.take_new_block_ids(), vec![1, 2, 3]);
+        t.free(&rid(1)).unwrap();
+        // Tail first: the uncached block 3 goes to the front, the cached ones to the back.
+        let free: Vec<u32> = t.pool().free_block_ids().collect();
+        assert_eq!(&free[..1], &[3]);
+        assert_eq!(&free[free.len() - 2..], &[2, 1]);
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn hits_are_adopted_once_and_only_before_running() {
+        let mut t = tables(16);
+        let h = hashes(2);
+        let slice = HashSlice::new(&h, 8).unwrap();
+        let mut out = Vec::new();
+        t.allocate_slots(&rid(1), &SlotCall::new(0, 9, slice, 9), &mut out)
+            .unwrap();
+        let mut hits = Vec::new();
+        t.pool()
+            .find_longest_cache_hit(slice, 0, Some(2), &mut hits)
+            .unwrap();
+        assert_eq!(hits, vec![1, 2]);
+        let call = SlotCall {
+            num_new_computed_tokens: 8,
+            new_computed_blocks: Some(&hits),
+            ..SlotCall::new(0, 9, slice, 1)
+        };
+        out.clear();
+        assert!(t.allocate_slots(&rid(2), &call, &mut out).unwrap());
+        assert_eq!(out.len(), 1);
+        assert_eq!(t.blocks(&rid(2))[..2], [1, 2]);
+        assert_eq!(t.pool().ref_count(1).unwrap(), 2);
+        // Running now: new hits are refused and nothing changes.
+        let before: Vec<u32> = t.pool().ref_counts().collect();
+        assert!(t.allocate_slots(&rid(2), &call, &mut out).is_err());
+        assert_eq!(before, t.pool().ref_counts().collect::<Vec<_>>());
+        t.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn gates_refuse_without_changing_anything() {
+        let mut t = tables(5); // 4 usable blocks
+        let mut out = Vec::new();
+        let full = SlotCall {
+            full_sequence_must_fit: true,
+            ..SlotCall::new(0, 40, HashSlice::empty(), 4)
+        };
+        assert!(!t.allocate_slots(&rid(1), &full, &mut out).unwrap());
+        let reserved = SlotCall {
+            reserved_blocks: 2,
+            ..SlotCall::new(0, 12, HashSlice::empty(), 12)
+        };
+        assert!(!t.allocate_slots(&rid(1), &reserved, &mut out).unwrap());
+        let watermark = SlotCall {
+            watermark_blocks: 1,
+            ..SlotCall::new(0, 16, HashSlice::empty(), 16)
+        };
+        assert!(!t.allocate_slots(&rid(1), &watermark, &mut out).unwrap());
+        assert!(out.is_empty() && t.blocks(&rid(1)).is_empty());
+        assert_eq!(t.pool().num_free_blocks(), 4);
+        assert!(t
+            .allocate_slots(
+                &rid(1),
+                &SlotCall::new(0, 16, HashSlice::empty(), 0),
+                &mut out
+            )
+            .is_err());
+    }
+
+    #[test]
+    fn external_tokens_get_blocks_outside_the_result() {
+        let mut t = tables(16);
+        let call = SlotCall {
+            num_external_computed_tokens: 8,
+            ..SlotCall::new(0, 12, HashSlice::empty(), 4)
+        };
+        let mut out = Vec::new();
+        assert!(t.allocate_slots(&rid(1), &call, &mut out).unwrap());
+        assert_eq!(out, vec![3]);
+        assert_eq!(t.blocks(&rid(1)), &[1, 2, 3]);
+    }
+
+    #[test]
+    fn hashes_cross_once_and_gaps_are_refused() {
+        let mut t = tables(16);
+        let h = hashes(3);
+        let mut out = Vec::new();
+        let first = SlotCall::new(0, 8, HashSlice::new(&h[..16], 8).unwrap(), 8);
+        t.allocate_slots(&rid(1), &first, &mut out).unwrap();
+        assert_eq!(t.num_known_hashes(&rid(1)), 2);
+        // The third hash alone, from index 2; then a repeat with overlap is skipped.
+        let third = HashSlice::new(&h[16..], 8).unwrap();
+        t.cache_blocks(&rid(1), 2, third, 8, None, &LoraInfo::default())
+            .unwrap();
+        assert_eq!(t.num_known_hashes(&rid(1)), 3);
+        t.cache_blocks(
+            &rid(1),
+            0,
+            HashSlice::new(&h, 8).unwrap(),
+            8,
+            None,
+            &LoraInfo::default(),
+        )
+        .unwrap();
+        assert_eq!(t.num_known_hashes(&rid(1)), 3);
+        assert!(t
+            .cache_blocks(&rid(1), 5, third, 8, None, &LoraInfo::default())
+            .is_err());
+        let other = [9u8; 16];
+        assert!(t
+            .cache_blocks(
+                &rid(1),
+                3,
+                HashSlice::new(&other, 16).unwrap(),
+                8,
+                None,
+                &LoraInfo::default()
+            )
+            .is_err());
+        t.check_invariants().unwrap();
+    }
+}
