@@ -10,8 +10,9 @@ sampled token per request whose prefill is done), as vLLM's own tests do, on:
   on, budget 2,048, 200 output tokens each (a chunked, prefix-sharing warm-up batch).
 
 Runs alternate between the two managers (interleaved, one process). Plain rounds time the
-whole step; instrumented rounds also time every call into the manager (and its block pool),
-which gives the share of the step spent in KV-cache management. Prints scheduler µs per step
+whole step; instrumented rounds also time every outermost call into the manager (and its
+block pool), less the timer's own cost per call, which gives the share of the step spent in
+KV-cache management. Prints scheduler µs per step
 and that share, each way, and the ratio.
 
     cd ../shared/vllm-tests && VLLM_TARGET_DEVICE=cpu HF_HOME=$PWD/hf_home HF_HUB_OFFLINE=1 \\
@@ -48,6 +49,7 @@ class Timed:
     def __init__(self) -> None:
         self.total = 0
         self.depth = 0
+        self.calls = 0
 
     def wrap(self, obj: Any) -> None:
         for name in dir(type(obj)):
@@ -65,6 +67,7 @@ class Timed:
             if self.depth:
                 return fn(*args, **kwargs)
             self.depth += 1
+            self.calls += 1
             t = clock()
             try:
                 return fn(*args, **kwargs)
@@ -73,6 +76,22 @@ class Timed:
                 self.depth -= 1
 
         return call
+
+
+def timer_overhead_ns() -> float:
+    """What one timed call adds to the measured time (a wrapped no-op, timed the same way),
+    subtracted per call so that the wrapper's own cost is not counted as KV time."""
+    meter = Timed()
+
+    class Empty:
+        def noop(self) -> None:
+            return None
+
+    obj = Empty()
+    meter.wrap(obj)
+    for _ in range(20_000):
+        obj.noop()
+    return meter.total / meter.calls
 
 
 def run(kind: str, n: int, budget: int, which: str, timed: bool) -> tuple[float, float, int]:
@@ -123,17 +142,27 @@ def run(kind: str, n: int, budget: int, which: str, timed: bool) -> tuple[float,
         steps += 1
         if steps > 100_000:
             raise RuntimeError("the workload does not finish")
-    return elapsed / steps, meter.total / steps, steps
+    kv = max(meter.total - meter.calls * OVERHEAD_NS, 0)
+    return elapsed / steps, kv / steps, steps
+
+
+OVERHEAD_NS = 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="only the 100-request workloads, 2 rounds")
+    parser.add_argument("--workload", choices=["serving", "warmup"], help="only this workload")
     args = parser.parse_args(argv)
     sys.path.insert(0, ".")
+    global OVERHEAD_NS
+    OVERHEAD_NS = timer_overhead_ns()
+    print(f"timer overhead {OVERHEAD_NS:.0f} ns per timed call (subtracted)")
     cases = [("serving", 100, 2048), ("serving", 100, 8192), ("serving", 1000, 2048), ("serving", 1000, 8192),
              ("warmup", 100, 2048)]
+    if args.workload:
+        cases = [c for c in cases if c[0] == args.workload]
     if args.quick:
         cases = [c for c in cases if c[1] == 100]
         args.rounds = min(args.rounds, 2)
