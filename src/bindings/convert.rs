@@ -549,19 +549,22 @@ pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
 
 /// An optional `str` argument; anything but `str` or `None` is a `DtypeError`.
 pub fn opt_str_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
-    match obj.filter(|o| !o.is_none()) {
-        None => Ok(None),
-        Some(o) => {
-            let s = o.cast::<PyString>().map_err(|_| {
-                error(
-                    o.py(),
-                    ErrorKind::Dtype,
-                    format!("{what} must be a str, got {}", type_name(o)),
-                )
-            })?;
-            Ok(Some(utf8_str(s, what)?.to_owned()))
-        }
-    }
+    obj.filter(|o| !o.is_none())
+        .map(|o| str_arg(o, what))
+        .transpose()
+}
+
+/// A `str` argument, owned: anything else is a `DtypeError`, a `str` UTF-8 cannot
+/// hold an `InvalidArgumentError`.
+pub fn str_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    let s = obj.cast::<PyString>().map_err(|_| {
+        error(
+            obj.py(),
+            ErrorKind::Dtype,
+            format!("{what} must be a str, got {}", type_name(obj)),
+        )
+    })?;
+    Ok(utf8_str(s, what)?.to_owned())
 }
 
 /// A `str`'s UTF-8 form; a `str` with lone surrogates (which UTF-8 cannot encode) is

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyString, PyTuple};
 
-use super::convert::{extract_i64s, int_arg, opt_str_arg, type_name, utf8_str, with_i64s};
+use super::convert::{extract_i64s, int_arg, opt_str_arg, str_arg, type_name, utf8_str, with_i64s};
 use super::errors::{error, ErrorKind};
 pub use super::hash_list::PyBlockHashList;
 use super::locking::{with_detached, with_lock};
@@ -67,7 +67,10 @@ pub fn extract_extras(
             })?;
         extras.objects.lora_name = objects.id(&pair.0);
         extras.objects.lora_path = objects.id(&pair.1);
-        extras.lora = Some((str_of(&pair.0, "lora name")?, str_of(&pair.1, "lora path")?));
+        extras.lora = Some((
+            str_arg(&pair.0, "lora name")?,
+            str_arg(&pair.1, "lora path")?,
+        ));
     }
     if let Some(salt) = some(cache_salt) {
         extras.cache_salt = opt_str_arg(Some(salt), "cache_salt")?;
@@ -94,7 +97,7 @@ pub fn extract_extras(
             let length = int_arg(&length, "mm feature length", 0, i64::MAX)?;
             extras.objects.mm_identifiers.push(objects.id(&identifier));
             extras.mm_features.push(MmFeature::new(
-                str_of(&identifier, "an mm feature identifier")?,
+                str_arg(&identifier, "an mm feature identifier")?,
                 offset as usize,
                 length as usize,
             ));
@@ -136,18 +139,6 @@ pub fn extract_extras(
     }
     extras.validate().map_err(|e| super::errors::to_py(py, e))?;
     Ok(extras)
-}
-
-/// A `str` argument's UTF-8 form, owned.
-fn str_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
-    let s = obj.cast::<PyString>().map_err(|_| {
-        error(
-            obj.py(),
-            ErrorKind::Dtype,
-            format!("{what} must be a str, got {}", type_name(obj)),
-        )
-    })?;
-    Ok(utf8_str(s, what)?.to_owned())
 }
 
 /// Numbers the caller's `str` objects by identity for pickle's memo: vLLM's tag
