@@ -151,8 +151,13 @@ impl PyBlockTables {
         let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
             Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
         };
-        // Only the hashes the tables do not have yet cross (a request's hashes only grow).
-        let known = self.with_tables(py, |t| t.num_known_hashes(&id));
+        // Only the hashes the tables do not have yet cross (a request's hashes only grow);
+        // without prefix caching none is read.
+        let known = if self.config.enable_caching && !block_hashes.is_empty().unwrap_or(true) {
+            self.with_tables(py, |t| t.num_known_hashes(&id))
+        } else {
+            0
+        };
         let mut flat = Vec::new();
         let (hashes_from, width) = extract_hashes_after(block_hashes, known, &mut flat)?;
         let hits = match new_computed_blocks.filter(|o| !o.is_none()) {

@@ -427,12 +427,20 @@ pub fn extract_hashes_after(
     skip: usize,
     flat: &mut Vec<u8>,
 ) -> PyResult<(usize, usize)> {
-    let tail = if let Ok(list) = obj.cast_exact::<PyList>() {
-        (skip <= list.len()).then(|| list.get_slice(skip, list.len()).into_any())
+    let len = if let Ok(list) = obj.cast_exact::<PyList>() {
+        Some(list.len())
     } else if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
-        (skip <= tuple.len()).then(|| tuple.get_slice(skip, tuple.len()).into_any())
+        Some(tuple.len())
     } else {
         None
+    };
+    if len == Some(skip) {
+        return Ok((skip, 0)); // nothing new: no copy at all
+    }
+    let tail = match (obj.cast_exact::<PyList>(), obj.cast_exact::<PyTuple>()) {
+        (Ok(list), _) if skip < list.len() => Some(list.get_slice(skip, list.len()).into_any()),
+        (_, Ok(tuple)) if skip < tuple.len() => Some(tuple.get_slice(skip, tuple.len()).into_any()),
+        _ => None,
     };
     match tail {
         Some(tail) => Ok((skip, extract_hashes(&tail, flat)?)),

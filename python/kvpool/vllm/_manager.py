@@ -307,14 +307,20 @@ class KVCacheManager:
         rid = request.request_id
         if self.enable_kv_cache_events:
             first = len(hits) if hits is not None else (self._tables.num_cached_blocks(rid) or 0)
-        # Positional, in the binding's order: no keyword parsing on the hot path. Without
-        # prefix caching no hash is ever read, so none crosses.
-        ids = self._tables.allocate_slots(
-            rid, request.num_computed_tokens, request.num_tokens,
-            request.block_hashes if self.enable_caching else (), num_new_tokens, num_new_computed_tokens,
-            hits, num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
-            full_sequence_must_fit, reserved_blocks, watermark,
-        )
+        # Positional, in the binding's order: no keyword parsing on the hot path, and on a
+        # plain step (no hits, lookahead, connector or gates) only the five that matter.
+        # Without prefix caching no hash is ever read, so none crosses.
+        hashes = request.block_hashes if self.enable_caching else ()
+        if (hits is None and not (num_new_computed_tokens or num_lookahead_tokens or num_external_computed_tokens
+                                  or delay_cache_blocks or full_sequence_must_fit or reserved_blocks or watermark)):
+            ids = self._tables.allocate_slots(rid, request.num_computed_tokens, request.num_tokens, hashes,
+                                              num_new_tokens)
+        else:
+            ids = self._tables.allocate_slots(
+                rid, request.num_computed_tokens, request.num_tokens, hashes, num_new_tokens,
+                num_new_computed_tokens, hits, num_lookahead_tokens, num_external_computed_tokens,
+                delay_cache_blocks, full_sequence_must_fit, reserved_blocks, watermark,
+            )
         if self.enable_kv_cache_events:
             self._drain_events(request, first)
         if ids is None:
