@@ -25,6 +25,8 @@ mod _core {
     use crate::bindings::manager::{PyKVCacheManager, PyStepResult};
     #[pymodule_export]
     use crate::bindings::tracker::PyComputedBlocksTracker;
+    #[pymodule_export]
+    use crate::bindings::vllm_slots::PyVllmSlotAllocator;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

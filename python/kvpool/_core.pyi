@@ -318,6 +318,35 @@ class BlockTables:
     def check_invariants(self) -> None: ...
 
 @final
+class VllmSlotAllocator:
+    """vLLM 0.33's ``KVCacheManager.allocate_slots`` as one call (for ``kvpool.vllm``)."""
+
+    def __new__(
+        cls,
+        tables: BlockTables,
+        empty_blocks: Any,
+        blocks_class: Any,
+        block_ids_of: Any,
+        waiting_statuses: tuple[Any, ...],
+        watermark_blocks: int,
+    ) -> VllmSlotAllocator: ...
+    def __call__(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int | None = None,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int | None = None,
+        num_external_computed_tokens: int | None = None,
+        delay_cache_blocks: bool | None = None,
+        num_encoder_tokens: int | None = None,
+        full_sequence_must_fit: bool | None = None,
+        reserved_blocks: int | None = None,
+        has_scheduled_reqs: bool | None = None,
+        skip_zeroing_group_ids: Any = None,
+    ) -> Any: ...
+
+@final
 class KVCacheManager:
     """The per-request block manager a scheduler calls (vLLM's KVCacheManager semantics)."""
 

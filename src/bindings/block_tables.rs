@@ -28,7 +28,7 @@ use crate::pool::{self, BlockPool, BlockTables, LoraInfo, PoolConfig, SlotCall, 
 #[pyclass(frozen, module = "kvpool", name = "BlockTables")]
 pub struct PyBlockTables {
     inner: Mutex<BlockTables>,
-    config: PoolConfig,
+    pub(super) config: PoolConfig,
 }
 
 impl PyBlockTables {
@@ -129,7 +129,7 @@ impl PyBlockTables {
     /// argument may be given by position, so a hot caller avoids keyword parsing.
     #[pyo3(signature = (request_id, num_computed_tokens, num_tokens, block_hashes, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None, num_external_computed_tokens=None, delay_cache_blocks=None, full_sequence_must_fit=None, reserved_blocks=None, watermark_blocks=None, token_ids=None))]
     #[allow(clippy::too_many_arguments)]
-    fn allocate_slots<'py>(
+    pub(super) fn allocate_slots<'py>(
         &self,
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,

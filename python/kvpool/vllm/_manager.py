@@ -155,6 +155,13 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
         self._events: list[Any] = []
         self.block_pool.kv_event_queue = self._events
+        if not enable_kv_cache_events:
+            # The scheduler's hottest call, as one Rust call (the method below is the same
+            # mapping in Python, kept for events, which are converted after each call).
+            self.allocate_slots = kvpool.VllmSlotAllocator(  # type: ignore[method-assign]
+                self._tables, self.empty_kv_cache_blocks, KvpoolBlocks, block_ids_of, _WAITING,
+                self.watermark_blocks,
+            )
         self._event_metadata = (get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec))
 
     # -- events ------------------------------------------------------------------------------
