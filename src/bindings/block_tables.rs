@@ -32,6 +32,80 @@ pub struct PyBlockTables {
 }
 
 impl PyBlockTables {
+    /// `allocate_slots` with the new block ids appended to `out`; `Ok(false)` when they
+    /// do not fit.
+    pub(super) fn allocate_into<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+        num_computed_tokens: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+        block_hashes: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_new_computed_tokens: Option<&Bound<'py, PyAny>>,
+        new_computed_blocks: Option<&Bound<'py, PyAny>>,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
+        num_external_computed_tokens: Option<&Bound<'py, PyAny>>,
+        delay_cache_blocks: Option<&Bound<'py, PyAny>>,
+        full_sequence_must_fit: Option<&Bound<'py, PyAny>>,
+        reserved_blocks: Option<&Bound<'py, PyAny>>,
+        watermark_blocks: Option<&Bound<'py, PyAny>>,
+        token_ids: Option<&Bound<'py, PyAny>>,
+        out: &mut Vec<u32>,
+    ) -> PyResult<bool> {
+        let id = super::requests::request_id(request_id)?;
+        let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
+            Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
+        };
+        // Only the hashes the tables do not have yet cross (a request's hashes only grow);
+        // without prefix caching none is read.
+        let known = if self.config.enable_caching && !block_hashes.is_empty().unwrap_or(true) {
+            self.with_tables(py, |t| t.num_known_hashes(&id))
+        } else {
+            0
+        };
+        let mut flat = Vec::new();
+        let (hashes_from, width) = extract_hashes_after(block_hashes, known, &mut flat)?;
+        let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
+            Some(o) => Some(self.ids(o)?),
+            None => None,
+        };
+        let mut tokens = Vec::new();
+        let token_ids = match token_ids.filter(|o| !o.is_none()) {
+            Some(o) if self.config.enable_events => {
+                extract_i64s(o, "token_ids", &mut tokens)?;
+                Some(&tokens[..])
+            }
+            _ => None,
+        };
+        let call = SlotCall {
+            num_computed_tokens: int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)?
+                as usize,
+            num_tokens: int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize,
+            block_hashes: hash_slice_of(&flat, width),
+            hashes_from,
+            num_new_tokens: int_arg(num_new_tokens, "num_new_tokens", 0, i64::MAX)? as usize,
+            num_new_computed_tokens: count(num_new_computed_tokens, "num_new_computed_tokens")?,
+            new_computed_blocks: hits.as_deref(),
+            num_lookahead_tokens: count(num_lookahead_tokens, "num_lookahead_tokens")?,
+            num_external_computed_tokens: count(
+                num_external_computed_tokens,
+                "num_external_computed_tokens",
+            )?,
+            delay_cache_blocks: opt_bool_arg(delay_cache_blocks, "delay_cache_blocks", false)?,
+            full_sequence_must_fit: opt_bool_arg(
+                full_sequence_must_fit,
+                "full_sequence_must_fit",
+                false,
+            )?,
+            reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
+            watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
+            token_ids,
+        };
+        self.with_tables(py, |t| t.allocate_slots(&id, &call, out))
+            .py_err(py)
+    }
+
     fn with_tables<R>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockTables) -> R) -> R {
         with_lock(py, &self.inner, f)
     }
@@ -129,7 +203,7 @@ impl PyBlockTables {
     /// argument may be given by position, so a hot caller avoids keyword parsing.
     #[pyo3(signature = (request_id, num_computed_tokens, num_tokens, block_hashes, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None, num_external_computed_tokens=None, delay_cache_blocks=None, full_sequence_must_fit=None, reserved_blocks=None, watermark_blocks=None, token_ids=None))]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn allocate_slots<'py>(
+    fn allocate_slots<'py>(
         &self,
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
@@ -147,59 +221,25 @@ impl PyBlockTables {
         watermark_blocks: Option<&Bound<'py, PyAny>>,
         token_ids: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
-        let id = super::requests::request_id(request_id)?;
-        let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
-            Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
-        };
-        // Only the hashes the tables do not have yet cross (a request's hashes only grow);
-        // without prefix caching none is read.
-        let known = if self.config.enable_caching && !block_hashes.is_empty().unwrap_or(true) {
-            self.with_tables(py, |t| t.num_known_hashes(&id))
-        } else {
-            0
-        };
-        let mut flat = Vec::new();
-        let (hashes_from, width) = extract_hashes_after(block_hashes, known, &mut flat)?;
-        let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
-            Some(o) => Some(self.ids(o)?),
-            None => None,
-        };
-        let mut tokens = Vec::new();
-        let token_ids = match token_ids.filter(|o| !o.is_none()) {
-            Some(o) if self.config.enable_events => {
-                extract_i64s(o, "token_ids", &mut tokens)?;
-                Some(&tokens[..])
-            }
-            _ => None,
-        };
-        let call = SlotCall {
-            num_computed_tokens: int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)?
-                as usize,
-            num_tokens: int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize,
-            block_hashes: hash_slice_of(&flat, width),
-            hashes_from,
-            num_new_tokens: int_arg(num_new_tokens, "num_new_tokens", 0, i64::MAX)? as usize,
-            num_new_computed_tokens: count(num_new_computed_tokens, "num_new_computed_tokens")?,
-            new_computed_blocks: hits.as_deref(),
-            num_lookahead_tokens: count(num_lookahead_tokens, "num_lookahead_tokens")?,
-            num_external_computed_tokens: count(
-                num_external_computed_tokens,
-                "num_external_computed_tokens",
-            )?,
-            delay_cache_blocks: opt_bool_arg(delay_cache_blocks, "delay_cache_blocks", false)?,
-            full_sequence_must_fit: opt_bool_arg(
-                full_sequence_must_fit,
-                "full_sequence_must_fit",
-                false,
-            )?,
-            reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
-            watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
-            token_ids,
-        };
         with_scratch(|out| {
-            let ok = self
-                .with_tables(py, |t| t.allocate_slots(&id, &call, out))
-                .py_err(py)?;
+            let ok = self.allocate_into(
+                py,
+                request_id,
+                num_computed_tokens,
+                num_tokens,
+                block_hashes,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                full_sequence_must_fit,
+                reserved_blocks,
+                watermark_blocks,
+                token_ids,
+                out,
+            )?;
             Ok(ok.then(|| ids_to_numpy(py, out)))
         })
     }

@@ -4,12 +4,11 @@
 //! watermark) and delegates to `BlockTables.allocate_slots`, so the scheduler's hottest
 //! call runs no Python frame of kvpool's.
 
-use numpy::PyUntypedArrayMethods;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::block_tables::PyBlockTables;
-use super::convert::{int_arg, opt_bool_arg};
+use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, with_scratch};
 
 /// ``VllmSlotAllocator(tables, empty_blocks, blocks_class, block_ids_of, waiting_statuses,
 /// watermark_blocks)``: calling it is ``KVCacheManager.allocate_slots(request,
@@ -96,27 +95,35 @@ impl PyVllmSlotAllocator {
         } else {
             PyTuple::empty(py).into_any()
         };
-        let ids = t.allocate_slots(
-            py,
-            &id,
-            &computed,
-            &num_tokens,
-            &hashes,
-            num_new_tokens,
-            num_new_computed_tokens,
-            hits.as_ref(),
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            delay_cache_blocks,
-            full_sequence_must_fit,
-            reserved_blocks,
-            watermark.as_ref(),
-            None,
-        )?;
-        match ids {
-            None => Ok(py.None().into_bound(py)),
-            Some(ids) if ids.len() == 0 => Ok(empty.clone()),
-            Some(ids) => self.blocks_class.bind(py).call1((tables, ids)),
-        }
+        with_scratch(|out| {
+            let ok = t.allocate_into(
+                py,
+                &id,
+                &computed,
+                &num_tokens,
+                &hashes,
+                num_new_tokens,
+                num_new_computed_tokens,
+                hits.as_ref(),
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+                delay_cache_blocks,
+                full_sequence_must_fit,
+                reserved_blocks,
+                watermark.as_ref(),
+                None,
+                out,
+            )?;
+            // No array at all on the common decode step that needs no new block.
+            if !ok {
+                Ok(py.None().into_bound(py))
+            } else if out.is_empty() {
+                Ok(empty.clone())
+            } else {
+                self.blocks_class
+                    .bind(py)
+                    .call1((tables, ids_to_numpy(py, out)))
+            }
+        })
     }
 }
