@@ -34,6 +34,7 @@ pub struct PyBlockTables {
 impl PyBlockTables {
     /// `allocate_slots` with the new block ids appended to `out`; `Ok(false)` when they
     /// do not fit.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn allocate_into<'py>(
         &self,
         py: Python<'py>,
