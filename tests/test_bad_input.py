@@ -84,7 +84,34 @@ def hasher_state(h: Any) -> Any:
     return (h.block_size, h.hash_algo, list(h.hash_tokens(list(range(8)))))
 
 
+def make_tables() -> Any:
+    """Block tables (vLLM's caller-owned form) with one running and one cached request."""
+    pool = kvpool.BlockPool(32, block_size=BS, enable_events=True)
+    tables = kvpool.BlockTables(pool, max_model_len=64)
+    tables.allocate_slots("a", 0, 9, [DIGEST, b"\x02" * 32], 9)
+    tables.allocate_slots("b", 0, 3, [], 3)
+    return tables
+
+
+def tables_state(t: Any) -> Any:
+    rows = [(r, t.get_blocks(r).tolist(), t.num_cached_blocks(r)) for r in t.request_ids()]
+    return (pool_state(t.pool), rows)
+
+
+class FakeRequest:
+    """What vLLM's scheduler hands ``allocate_slots``: a ``Request``'s four fields."""
+
+    def __init__(self, request_id: Any, num_computed_tokens: Any, num_tokens: Any, block_hashes: Any) -> None:
+        self.request_id, self.num_computed_tokens = request_id, num_computed_tokens
+        self.num_tokens, self.block_hashes = num_tokens, block_hashes
+
+
+def allocator(t: Any) -> Any:
+    return kvpool.VllmSlotAllocator(t, "EMPTY", tuple, list, (), 0)
+
+
 TARGETS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+    "tables": (make_tables, tables_state),
     "pool": (make_pool, pool_state),
     "manager": (make_manager, manager_state),
     "tracker": (make_tracker, tracker_state),
@@ -100,7 +127,7 @@ def check(target: str, call: Callable[[Any], Any], error: type[BaseException]) -
         call(obj)
     assert isinstance(info.value, KVPoolError), f"{type(info.value).__name__} is not a KVPoolError"
     assert state(obj) == before, "a failed call changed the state"
-    if target in ("pool", "manager"):
+    if target in ("pool", "manager", "tables"):
         assert obj.check_invariants() is None
 
 
@@ -204,6 +231,40 @@ RANGE_CASES: list[tuple[str, Callable[[Any], Any], type[BaseException]]] = [
 @pytest.mark.parametrize("target,call,error", RANGE_CASES, ids=[f"{t}-{i}" for i, (t, _, _) in enumerate(RANGE_CASES)])
 def test_range(target: str, call: Callable[[Any], Any], error: type[BaseException]) -> None:
     check(target, call, error)
+
+
+TABLES_CASES: list[tuple[Callable[[Any], Any], type[BaseException]]] = [
+    (lambda t: t.allocate_slots("c", 0, 8, [], True), DtypeError),
+    (lambda t: t.allocate_slots("c", 0, 8, [], -1), InvalidArgumentError),
+    (lambda t: t.allocate_slots("c", 0, 8, [], 0), InvalidArgumentError),
+    (lambda t: t.allocate_slots("c", 0, 8, ["h"], 4), DtypeError),
+    (lambda t: t.allocate_slots("c", 0, 8, [b"x" * 33], 4), HashWidthError),
+    (lambda t: t.allocate_slots("a", 9, 10, [DIGEST, b"\x02" * 32, b"\x03" * 16], 1), HashWidthError),
+    (lambda t: t.allocate_slots("c", 0, 8, [], 8, 4, [99]), InvalidBlockIdError),
+    (lambda t: t.allocate_slots("c", 0, 8, [], 8, 4, {1}), DtypeError),
+    (lambda t: t.allocate_slots("a", 9, 13, [DIGEST, b"\x02" * 32], 4, 4, [1]), InvalidArgumentError),
+    (lambda t: t.allocate_slots(S, 0, 8, [], 4), InvalidArgumentError),
+    (lambda t: t.cache_blocks("a", [DIGEST, b"\x02" * 32, b"\x03" * 16], 12), HashWidthError),
+    (lambda t: t.num_blocks_to_allocate("a", True), DtypeError),
+    (lambda t: allocator(t)(FakeRequest("c", 0, 8, []), True), DtypeError),
+    (lambda t: allocator(t)(object(), 4), DtypeError),
+    (lambda t: allocator(t)(FakeRequest("c", 0, 8, [1]), 4), DtypeError),
+]
+
+
+@pytest.mark.parametrize("call,error", TABLES_CASES, ids=[f"tables-{i}" for i in range(len(TABLES_CASES))])
+def test_block_tables_and_the_vllm_allocator(call: Callable[[Any], Any], error: type[BaseException]) -> None:
+    """The caller-owned tables and vLLM's allocate_slots entry point validate every argument."""
+    check("tables", call, error)
+
+
+def test_block_tables_need_a_pool_and_a_length() -> None:
+    for make in (lambda: kvpool.BlockTables(object(), max_model_len=8),
+                 lambda: kvpool.BlockTables(kvpool.BlockPool(8), max_model_len=True)):
+        with pytest.raises(DtypeError):
+            make()
+    with pytest.raises(InvalidArgumentError):
+        kvpool.BlockTables(kvpool.BlockPool(8), max_model_len=0)
 
 
 def test_tracker_block_size_must_match_the_pool() -> None:

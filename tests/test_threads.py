@@ -42,6 +42,7 @@ pool = kvpool.BlockPool(4096, block_size=16)
 manager = kvpool.KVCacheManager(8192, 16, enable_caching=True)
 hasher = kvpool.BlockHasher(16, hash_algo="sha256_cbor")
 tracker = kvpool.ComputedBlocksTracker(pool, 16)
+tables = kvpool.BlockTables(pool, max_model_len=1 << 20)   # shares the pool too
 LONG = [list(range(k * 7, k * 7 + 9000 + 1000 * k)) for k in range(4)]
 EXPECTED = [hasher.hash_tokens(p).to_list() for p in LONG]
 errors, unexpected = [], []
@@ -93,6 +94,14 @@ def worker(k):
             tracker.add_sequence(sid, LONG[k][:600])
             tracker.get_num_cached_tokens(sid)
             tracker.remove_sequence(sid)
+            # The caller-owned block tables, on the same pool: a prefill, a decode, free.
+            tid = f"t{k}-{n}"
+            t_hashes = [bytes([k + 100]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25)
+                        for i in range(3)]
+            assert tables.allocate_slots(tid, 0, 50, t_hashes, 50) is not None
+            tables.allocate_slots(tid, 50, 51, t_hashes, 1)
+            expect_error(lambda: tables.allocate_slots(tid, 51, 52, t_hashes, True))
+            tables.free(tid)
             n += 1
     except BaseException as e:  # noqa: BLE001
         errors.append(f"thread {k}: {type(e).__name__}: {e}")
@@ -106,7 +115,9 @@ for t in threads:
 assert not errors, errors
 assert not unexpected, unexpected[:5]
 pool.check_invariants()
+tables.check_invariants()
 manager.check_invariants()
+assert len(tables.request_ids()) == 0
 assert pool.get_num_free_blocks() == 4095, pool.get_num_free_blocks()
 assert manager.get_num_free_blocks() == 8191 and len(manager) == 0
 assert len(tracker) == 0

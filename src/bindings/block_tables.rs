@@ -5,29 +5,31 @@ use std::sync::Mutex;
 
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::PyTuple;
 
-use super::block_pool::max_pending_events_arg;
+use super::block_pool::PyBlockPool;
 use super::convert::{
-    extract_block_ids, extract_hashes, extract_hashes_after, extract_i64s, ids_to_numpy, int_arg,
-    opt_bool_arg, opt_int_arg, with_scratch,
+    extract_block_ids, extract_hashes_after, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
+    opt_int_arg, type_name, with_scratch,
 };
-use super::errors::IntoPyResult;
-use super::events::events_to_py;
+use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
 use super::locking::with_lock;
-use super::requests::request_id;
-use crate::pool::{self, BlockPool, BlockTables, LoraInfo, PoolConfig, SlotCall, MAX_BLOCKS};
+use super::requests::request_id_to_py;
+use crate::pool::{self, BlockPool, BlockTables, LoraInfo, PoolConfig, SlotCall};
 
-/// Per-request block tables over one block pool (block 0 is vLLM's null block), for
-/// a caller that owns each request's ``num_computed_tokens`` and ``block_hashes`` and
-/// passes them in: vLLM 0.33's ``KVCacheManager`` with one full-attention group.
+/// Per-request block tables over a ``BlockPool`` (whose block 0 is vLLM's null block),
+/// for a caller that owns each request's ``num_computed_tokens`` and ``block_hashes``
+/// and passes them in: vLLM 0.33's ``KVCacheManager`` with one full-attention group.
+/// Everything else about the blocks (free queue, counts, prefix cache, events) is the
+/// pool's, read and changed through ``pool``.
 ///
-/// ``BlockTables(num_blocks, block_size, *, max_model_len, enable_caching=True,
-/// enable_events=False, record_new_block_ids=False, max_pending_events=None)``.
+/// ``BlockTables(pool, *, max_model_len, record_new_block_ids=False)``.
 #[pyclass(frozen, module = "kvpool", name = "BlockTables")]
 pub struct PyBlockTables {
     inner: Mutex<BlockTables>,
+    pub(super) pool: Py<PyBlockPool>,
+    /// The pool's configuration, which never changes.
     pub(super) config: PoolConfig,
 }
 
@@ -103,12 +105,23 @@ impl PyBlockTables {
             watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
             token_ids,
         };
-        self.with_tables(py, |t| t.allocate_slots(&id, &call, out))
+        self.with_tables_and_pool(py, |t, p| t.allocate_slots(p, &id, &call, out))
             .py_err(py)
     }
 
     fn with_tables<R>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockTables) -> R) -> R {
         with_lock(py, &self.inner, f)
+    }
+
+    /// Runs `f` on the tables and the pool, locked in that order (as the tracker and
+    /// its pool are).
+    fn with_tables_and_pool<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut BlockTables, &mut BlockPool) -> R,
+    ) -> R {
+        let pool = self.pool.get();
+        self.with_tables(py, |tables| pool.with_pool(py, |pool| f(tables, pool)))
     }
 
     fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -121,80 +134,40 @@ impl PyBlockTables {
 #[pymethods]
 impl PyBlockTables {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, max_model_len, enable_caching=None, enable_events=None, record_new_block_ids=None, max_pending_events=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (pool, *, max_model_len, record_new_block_ids=None))]
     fn new(
         py: Python<'_>,
-        num_blocks: &Bound<'_, PyAny>,
-        block_size: &Bound<'_, PyAny>,
+        pool: &Bound<'_, PyAny>,
         max_model_len: &Bound<'_, PyAny>,
-        enable_caching: Option<&Bound<'_, PyAny>>,
-        enable_events: Option<&Bound<'_, PyAny>>,
         record_new_block_ids: Option<&Bound<'_, PyAny>>,
-        max_pending_events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let mut config =
-            PoolConfig::new(int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32);
-        config.block_size = int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32;
-        config.enable_caching = opt_bool_arg(enable_caching, "enable_caching", true)?;
-        config.enable_events = opt_bool_arg(enable_events, "enable_events", false)?;
-        config.max_pending_events = max_pending_events_arg(max_pending_events)?;
+        let pool = pool.cast::<PyBlockPool>().map_err(|_| {
+            error(
+                py,
+                ErrorKind::Dtype,
+                format!("pool must be a kvpool.BlockPool, got {}", type_name(pool)),
+            )
+        })?;
         let max_model_len = int_arg(max_model_len, "max_model_len", 1, i64::MAX)? as usize;
         let record = opt_bool_arg(record_new_block_ids, "record_new_block_ids", false)?;
-        let pool = BlockPool::new(config.clone()).py_err(py)?;
-        let inner = BlockTables::new(pool, max_model_len, record).py_err(py)?;
+        let inner = BlockTables::new(max_model_len, record).py_err(py)?;
         Ok(Self {
             inner: Mutex::new(inner),
-            config,
+            config: pool.get().config.clone(),
+            pool: pool.clone().unbind(),
         })
     }
 
-    /// Number of blocks (ids ``0..num_blocks``; block 0 is the null block).
+    /// The pool whose blocks the tables hold.
     #[getter]
-    fn num_blocks(&self) -> u32 {
-        self.config.num_blocks
+    fn pool(&self, py: Python<'_>) -> Py<PyBlockPool> {
+        self.pool.clone_ref(py)
     }
 
-    /// Tokens per block.
+    /// Longest sequence a request may reach.
     #[getter]
-    fn block_size(&self) -> u32 {
-        self.config.block_size
-    }
-
-    /// Whether full blocks are kept in a prefix cache.
-    #[getter]
-    fn enable_caching(&self) -> bool {
-        self.config.enable_caching
-    }
-
-    /// Whether KV events are queued.
-    #[getter]
-    fn enable_events(&self) -> bool {
-        self.config.enable_events
-    }
-
-    /// The cached blocks of the longest cached prefix of ``block_hashes`` (at most
-    /// ``max_blocks``), not yet referenced: vLLM's full-attention hit search.
-    #[pyo3(signature = (block_hashes, max_blocks=None))]
-    fn find_longest_cache_hit<'py>(
-        &self,
-        py: Python<'py>,
-        block_hashes: &Bound<'py, PyAny>,
-        max_blocks: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let max = opt_int_arg(max_blocks, "max_blocks", 0, i64::MAX)?.map(|m| m as usize);
-        let mut flat = Vec::new();
-        let width = extract_hashes(block_hashes, &mut flat)?;
-        let hashes = hash_slice_of(&flat, width);
-        with_scratch(|out| {
-            self.with_tables(py, |t| {
-                t.pool()
-                    .find_longest_cache_hit(hashes, 0, max, out)
-                    .map(|_| ())
-            })
-            .py_err(py)?;
-            Ok(ids_to_numpy(py, out))
-        })
+    fn max_model_len(&self, py: Python<'_>) -> usize {
+        self.with_tables(py, |t| t.max_model_len())
     }
 
     /// vLLM's ``allocate_slots`` for request ``request_id`` whose state is
@@ -276,8 +249,9 @@ impl PyBlockTables {
             id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
             name: super::convert::opt_str_arg(lora_name, "lora_name")?,
         };
-        self.with_tables(py, |t| {
+        self.with_tables_and_pool(py, |t, p| {
             t.cache_blocks(
+                p,
                 &id,
                 hashes_from,
                 hash_slice_of(&flat, width),
@@ -304,7 +278,7 @@ impl PyBlockTables {
             Some(o) => self.ids(o)?,
             None => Vec::new(),
         };
-        Ok(self.with_tables(py, |t| t.num_blocks_to_allocate(&id, n, &hits)))
+        Ok(self.with_tables_and_pool(py, |t, p| t.num_blocks_to_allocate(p, &id, n, &hits)))
     }
 
     /// The request's blocks (int32; empty for an unknown request).
@@ -333,104 +307,20 @@ impl PyBlockTables {
     /// Frees the request's blocks tail first and forgets it (unknown: no-op).
     fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
-        self.with_tables(py, |t| t.free(&id)).py_err(py)
+        self.with_tables_and_pool(py, |t, p| t.free(p, &id))
+            .py_err(py)
     }
 
     /// Forgets the request and returns its blocks (int32, allocation order) without
-    /// freeing them; the caller frees them later with ``free_blocks``.
+    /// freeing them; the caller frees them later with ``pool.free_blocks``.
     fn pop_blocks<'py>(
         &self,
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let id = request_id_of(request_id)?;
+        let id = super::requests::request_id(request_id)?;
         let blocks = self.with_tables(py, |t| t.pop_blocks(&id));
         Ok(ids_to_numpy(py, &blocks))
-    }
-
-    /// Frees blocks (vLLM's ``block_pool.free_blocks``), in the order given.
-    #[pyo3(signature = (block_ids, *, reverse=None))]
-    fn free_blocks(
-        &self,
-        py: Python<'_>,
-        block_ids: &Bound<'_, PyAny>,
-        reverse: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<()> {
-        let ids = self.ids(block_ids)?;
-        let reverse = opt_bool_arg(reverse, "reverse", false)?;
-        self.with_tables(py, |t| {
-            if reverse {
-                t.pool_mut().free_blocks_reversed(&ids)
-            } else {
-                t.pool_mut().free_blocks(&ids)
-            }
-        })
-        .py_err(py)
-    }
-
-    /// Takes a reference to each block (vLLM's ``block_pool.touch``).
-    fn touch(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = self.ids(block_ids)?;
-        self.with_tables(py, |t| t.pool_mut().touch(&ids))
-            .py_err(py)
-    }
-
-    /// Drops the blocks from the prefix cache (vLLM's ``evict_blocks``).
-    fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = self.ids(block_ids)?;
-        self.with_tables(py, |t| t.pool_mut().evict_blocks(&ids))
-            .py_err(py)
-    }
-
-    /// Clears the prefix cache; refused (False) while any block is in use.
-    fn reset_prefix_cache(&self, py: Python<'_>) -> bool {
-        self.with_tables(py, |t| t.pool_mut().reset_prefix_cache())
-    }
-
-    /// Free blocks.
-    fn get_num_free_blocks(&self, py: Python<'_>) -> usize {
-        self.with_tables(py, |t| t.pool().num_free_blocks())
-    }
-
-    /// Blocks in the prefix cache.
-    fn get_num_cached_blocks(&self, py: Python<'_>) -> usize {
-        self.with_tables(py, |t| t.pool().num_cached_blocks())
-    }
-
-    /// Fraction of usable blocks in use.
-    fn get_usage(&self, py: Python<'_>) -> f64 {
-        self.with_tables(py, |t| t.pool().usage())
-    }
-
-    /// The free queue, head (next to be reused) to tail (int32).
-    fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let ids: Vec<u32> = self.with_tables(py, |t| t.pool().free_block_ids().collect());
-        ids_to_numpy(py, &ids)
-    }
-
-    /// Every block's reference count, by id (int32).
-    fn ref_counts<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let counts: Vec<u32> = self.with_tables(py, |t| t.pool().ref_counts().collect());
-        ids_to_numpy(py, &counts)
-    }
-
-    /// Block ``block_id``'s reference count.
-    fn ref_count(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let id = int_arg(block_id, "block_id", 0, self.config.num_blocks as i64 - 1)? as u32;
-        self.with_tables(py, |t| t.pool().ref_count(id)).py_err(py)
-    }
-
-    /// Block ``block_id``'s ``(hash, group)`` while it is cached, else ``None``.
-    fn block_hash(
-        &self,
-        py: Python<'_>,
-        block_id: &Bound<'_, PyAny>,
-    ) -> PyResult<Option<(Vec<u8>, u32)>> {
-        let id = int_arg(block_id, "block_id", 0, self.config.num_blocks as i64 - 1)? as u32;
-        let key = self
-            .with_tables(py, |t| t.pool().block_hash(id))
-            .py_err(py)?;
-        Ok(key.map(|k| (k.hash.as_bytes().to_vec(), k.group)))
     }
 
     /// Ids of blocks allocated since the last call (int32; empty unless recording).
@@ -439,40 +329,30 @@ impl PyBlockTables {
         ids_to_numpy(py, &ids)
     }
 
-    /// The queued KV-cache events, oldest first; the queue is emptied.
-    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let events = self.with_tables(py, |t| t.pool_mut().take_events());
-        events_to_py(py, events)
-    }
-
     /// Requests with a table, sorted.
-    fn request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    fn request_ids<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let mut ids: Vec<pool::RequestId> =
             self.with_tables(py, |t| t.request_ids().cloned().collect());
         ids.sort();
         let items = ids
             .iter()
-            .map(|id| super::requests::request_id_to_py(py, id))
+            .map(|id| request_id_to_py(py, id))
             .collect::<PyResult<Vec<_>>>()?;
-        pyo3::types::PyTuple::new(py, items)
+        PyTuple::new(py, items)
     }
 
     /// Raises ``InvariantError`` if the pool or the tables are inconsistent.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
-        let result = self.with_tables(py, |t| t.check_invariants());
-        result.map_err(|problems| {
-            super::errors::error(py, super::errors::ErrorKind::Invariant, problems.join("; "))
-        })
+        let result = self.with_tables_and_pool(py, |t, p| t.check_invariants(p));
+        result.map_err(|problems| error(py, ErrorKind::Invariant, problems.join("; ")))
     }
 
-    fn __repr__(&self) -> String {
+    fn __repr__(&self, py: Python<'_>) -> String {
         format!(
-            "BlockTables(num_blocks={}, block_size={})",
-            self.config.num_blocks, self.config.block_size
+            "BlockTables(num_blocks={}, block_size={}, requests={})",
+            self.config.num_blocks,
+            self.config.block_size,
+            self.with_tables(py, |t| t.request_ids().count())
         )
     }
-}
-
-fn request_id_of(obj: &Bound<'_, PyAny>) -> PyResult<pool::RequestId> {
-    request_id(obj)
 }

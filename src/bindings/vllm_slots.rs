@@ -8,12 +8,13 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use super::block_tables::PyBlockTables;
-use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, with_scratch};
+use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, type_name, with_scratch};
+use super::errors::{error, ErrorKind};
 
 /// ``VllmSlotAllocator(tables, empty_blocks, blocks_class, block_ids_of, waiting_statuses,
 /// watermark_blocks)``: calling it is ``KVCacheManager.allocate_slots(request,
 /// num_new_tokens, ...)`` with vLLM's arguments; it returns ``empty_blocks`` when no new
-/// block was needed, ``blocks_class(tables, ids)`` for new blocks, ``None`` when they do
+/// block was needed, ``blocks_class(tables.pool, ids)`` for new blocks, ``None`` when they do
 /// not fit.
 #[pyclass(frozen, module = "kvpool", name = "VllmSlotAllocator")]
 pub struct PyVllmSlotAllocator {
@@ -77,7 +78,13 @@ impl PyVllmSlotAllocator {
         };
         let scheduled = opt_bool_arg(has_scheduled_reqs, "has_scheduled_reqs", true)?;
         let watermark = if scheduled && self.watermark_blocks > 0 {
-            let status = request.getattr(pyo3::intern!(py, "status"))?;
+            let status = request.getattr(pyo3::intern!(py, "status")).map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::Dtype,
+                    "request must be a vLLM Request with a status",
+                )
+            })?;
             if self.waiting_statuses.bind(py).contains(status)? {
                 Some(self.watermark_blocks.into_pyobject(py)?.into_any())
             } else {
@@ -86,12 +93,24 @@ impl PyVllmSlotAllocator {
         } else {
             None
         };
-        let id = request.getattr(pyo3::intern!(py, "request_id"))?;
-        let computed = request.getattr(pyo3::intern!(py, "num_computed_tokens"))?;
-        let num_tokens = request.getattr(pyo3::intern!(py, "num_tokens"))?;
+        let field = |name: &Bound<'py, pyo3::types::PyString>| {
+            request.getattr(name).map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::Dtype,
+                    format!(
+                        "request must be a vLLM Request with {name}, got {}",
+                        type_name(request)
+                    ),
+                )
+            })
+        };
+        let id = field(pyo3::intern!(py, "request_id"))?;
+        let computed = field(pyo3::intern!(py, "num_computed_tokens"))?;
+        let num_tokens = field(pyo3::intern!(py, "num_tokens"))?;
         let t = tables.get();
         let hashes = if t.config.enable_caching {
-            request.getattr(pyo3::intern!(py, "block_hashes"))?
+            field(pyo3::intern!(py, "block_hashes"))?
         } else {
             PyTuple::empty(py).into_any()
         };
@@ -122,7 +141,7 @@ impl PyVllmSlotAllocator {
             } else {
                 self.blocks_class
                     .bind(py)
-                    .call1((tables, ids_to_numpy(py, out)))
+                    .call1((t.pool.bind(py), ids_to_numpy(py, out)))
             }
         })
     }

@@ -98,10 +98,10 @@ impl<'a> SlotCall<'a> {
     }
 }
 
-/// Block tables over one pool, for a caller that owns the requests.
+/// Block tables over one pool (passed to each call, as the tracker's is), for a
+/// caller that owns the requests.
 #[derive(Debug)]
 pub struct BlockTables {
-    pool: BlockPool,
     tables: HashMap<RequestId, Table>,
     max_model_len: usize,
     /// Ids of blocks allocated since the last [`Self::take_new_block_ids`], when
@@ -110,43 +110,24 @@ pub struct BlockTables {
 }
 
 impl BlockTables {
-    /// Tables over `pool` for sequences of at most `max_model_len` tokens;
+    /// Empty tables for sequences of at most `max_model_len` tokens;
     /// `record_new_block_ids` keeps the ids of new blocks for zeroing.
-    pub fn new(
-        pool: BlockPool,
-        max_model_len: usize,
-        record_new_block_ids: bool,
-    ) -> PoolResult<Self> {
+    pub fn new(max_model_len: usize, record_new_block_ids: bool) -> PoolResult<Self> {
         if max_model_len == 0 {
             return Err(PoolError::InvalidArgument(
                 "max_model_len must be at least 1".into(),
             ));
         }
         Ok(Self {
-            pool,
             tables: HashMap::new(),
             max_model_len,
             new_block_ids: record_new_block_ids.then(Vec::new),
         })
     }
 
-    /// The pool.
-    pub fn pool(&self) -> &BlockPool {
-        &self.pool
-    }
-
-    /// The pool, mutably (for the calls vLLM's scheduler makes on its block pool).
-    pub fn pool_mut(&mut self) -> &mut BlockPool {
-        &mut self.pool
-    }
-
     /// Longest sequence a request may reach.
     pub fn max_model_len(&self) -> usize {
         self.max_model_len
-    }
-
-    fn block_size(&self) -> usize {
-        self.pool.config().block_size as usize
     }
 
     /// The request's blocks (empty for an unknown request, as vLLM's tables).
@@ -170,9 +151,15 @@ impl BlockTables {
 
     /// Checks that `hashes`, starting at index `from` of the request's hashes, leave
     /// no gap after the known ones and have their width.
-    fn check_hashes(&self, id: &RequestId, from: usize, hashes: HashSlice<'_>) -> PoolResult<()> {
+    fn check_hashes(
+        &self,
+        pool: &BlockPool,
+        id: &RequestId,
+        from: usize,
+        hashes: HashSlice<'_>,
+    ) -> PoolResult<()> {
         let known = self.num_known_hashes(id);
-        if let Some(w) = self.pool.hash_width() {
+        if let Some(w) = pool.hash_width() {
             if !hashes.is_empty() && hashes.width() != w {
                 return Err(PoolError::HashWidth {
                     expected: Some(w),
@@ -220,26 +207,33 @@ impl BlockTables {
 
     /// vLLM's `get_num_blocks_to_allocate` for the request: new blocks plus hits
     /// that must leave the free queue, to give it `num_tokens` slots.
-    pub fn num_blocks_to_allocate(&self, id: &RequestId, num_tokens: usize, hits: &[u32]) -> usize {
+    pub fn num_blocks_to_allocate(
+        &self,
+        pool: &BlockPool,
+        id: &RequestId,
+        num_tokens: usize,
+        hits: &[u32],
+    ) -> usize {
         let table = self.tables.get(id);
         let held = table.map_or(0, |t| t.blocks.len());
-        let required = num_tokens.div_ceil(self.block_size());
+        let required = num_tokens.div_ceil(pool.config().block_size as usize);
         if table.is_some_and(|t| t.num_cached.is_some()) {
             return required.saturating_sub(held);
         }
-        slots::blocks_to_allocate(&self.pool, required, held, hits)
+        slots::blocks_to_allocate(pool, required, held, hits)
     }
 
     /// vLLM's `allocate_slots`: `Ok(true)` with the new blocks appended to `out`,
     /// `Ok(false)` (nothing changed) when they do not fit.
     pub fn allocate_slots(
         &mut self,
+        pool: &mut BlockPool,
         id: &RequestId,
         call: &SlotCall<'_>,
         out: &mut Vec<u32>,
     ) -> PoolResult<bool> {
         let hits = call.new_computed_blocks.unwrap_or(&[]);
-        self.check_hashes(id, call.hashes_from, call.block_hashes)?;
+        self.check_hashes(pool, id, call.hashes_from, call.block_hashes)?;
         if call.num_new_tokens == 0
             && call.num_external_computed_tokens == 0
             && call.num_new_computed_tokens == 0
@@ -263,12 +257,12 @@ impl BlockTables {
                     "new computed blocks are adopted only by a request without blocks".into(),
                 ));
             }
-            if !self.pool.config().enable_caching {
+            if !pool.config().enable_caching {
                 return Err(PoolError::CachingDisabled);
             }
-            self.pool.check_ids(hits)?;
+            pool.check_ids(hits)?;
         }
-        let block_size = self.block_size();
+        let block_size = pool.config().block_size as usize;
         let max_len = self.max_model_len;
         let num_local = call
             .num_computed_tokens
@@ -276,9 +270,9 @@ impl BlockTables {
         let total = num_local
             .saturating_add(call.num_external_computed_tokens)
             .min(max_len);
-        let free = self.pool.num_free_blocks() as i128;
+        let free = pool.num_free_blocks() as i128;
         if call.full_sequence_must_fit {
-            let need = self.num_blocks_to_allocate(id, call.num_tokens.min(max_len), hits);
+            let need = self.num_blocks_to_allocate(pool, id, call.num_tokens.min(max_len), hits);
             if (need + call.watermark_blocks) as i128 > free {
                 return Ok(false);
             }
@@ -287,7 +281,7 @@ impl BlockTables {
             .saturating_add(call.num_new_tokens)
             .saturating_add(call.num_lookahead_tokens)
             .min(max_len);
-        let need = self.num_blocks_to_allocate(id, need_slots, hits);
+        let need = self.num_blocks_to_allocate(pool, id, need_slots, hits);
         if need.saturating_add(call.watermark_blocks) as i128 > free - call.reserved_blocks as i128
         {
             return Ok(false);
@@ -295,41 +289,37 @@ impl BlockTables {
         // From here on nothing fails: the ids are checked and the blocks fit.
         let table = self.tables.entry(id.clone()).or_default();
         Self::learn_hashes(table, call.hashes_from, call.block_hashes);
-        let start = out.len();
-        if adopting && table.num_cached.is_none() {
+        let adopt = adopting && table.num_cached.is_none();
+        if adopt {
             if !hits.is_empty() {
-                self.pool.touch(hits)?;
+                pool.touch(hits)?;
             }
             table.blocks.extend_from_slice(hits);
             table.num_cached = Some(table.blocks.len());
-            if call.num_external_computed_tokens > 0 {
-                let want = num_local
-                    .saturating_add(call.num_external_computed_tokens)
-                    .div_ceil(block_size)
-                    .saturating_sub(table.blocks.len());
-                let at = out.len();
-                self.pool.get_new_blocks(want, out)?;
-                table.blocks.extend_from_slice(&out[at..]);
-            }
+        }
+        let first_new = table.blocks.len();
+        if adopt && call.num_external_computed_tokens > 0 {
+            // The connector's blocks belong to the table, not to the result.
+            let want = num_local
+                .saturating_add(call.num_external_computed_tokens)
+                .div_ceil(block_size)
+                .saturating_sub(table.blocks.len());
+            pool.get_new_blocks(want, &mut table.blocks)?;
         }
         let want = need_slots
             .div_ceil(block_size)
             .saturating_sub(table.blocks.len());
-        let at = out.len();
-        self.pool.get_new_blocks(want, out)?;
-        table.blocks.extend_from_slice(&out[at..]);
+        let start = out.len();
+        pool.get_new_blocks(want, out)?;
+        table.blocks.extend_from_slice(&out[start..]);
         if let Some(ids) = &mut self.new_block_ids {
-            ids.extend_from_slice(&out[start..]);
+            ids.extend_from_slice(&table.blocks[first_new..]);
         }
-        // The blocks vLLM returns are those of the new tokens; connector blocks
-        // belong to the table but not to the result.
-        let external = out.len() - start - want;
-        out.drain(start..start + external);
         if !call.delay_cache_blocks {
             let num_tokens = total
                 .saturating_add(call.num_new_tokens)
                 .min(call.num_tokens);
-            self.cache_known_blocks(id, num_tokens, call.token_ids, &LoraInfo::default())?;
+            self.cache_known_blocks(pool, id, num_tokens, call.token_ids, &LoraInfo::default())?;
         }
         Ok(true)
     }
@@ -337,8 +327,10 @@ impl BlockTables {
     /// vLLM's `cache_blocks`: caches the request's blocks that are full within its
     /// first `num_tokens` tokens and have a hash; `block_hashes` are the request's
     /// hashes from index `hashes_from` (those already known may be left out).
+    #[allow(clippy::too_many_arguments)]
     pub fn cache_blocks(
         &mut self,
+        pool: &mut BlockPool,
         id: &RequestId,
         hashes_from: usize,
         block_hashes: HashSlice<'_>,
@@ -346,26 +338,27 @@ impl BlockTables {
         token_ids: Option<&[i64]>,
         lora: &LoraInfo,
     ) -> PoolResult<()> {
-        self.check_hashes(id, hashes_from, block_hashes)?;
+        self.check_hashes(pool, id, hashes_from, block_hashes)?;
         if let Some(table) = self.tables.get_mut(id) {
             Self::learn_hashes(table, hashes_from, block_hashes);
         }
-        self.cache_known_blocks(id, num_tokens, token_ids, lora)
+        self.cache_known_blocks(pool, id, num_tokens, token_ids, lora)
     }
 
     /// Caches the request's blocks full within `num_tokens` tokens, with the hashes
     /// the tables know.
     fn cache_known_blocks(
         &mut self,
+        pool: &mut BlockPool,
         id: &RequestId,
         num_tokens: usize,
         token_ids: Option<&[i64]>,
         lora: &LoraInfo,
     ) -> PoolResult<()> {
-        if !self.pool.config().enable_caching {
+        if !pool.config().enable_caching {
             return Ok(());
         }
-        let block_size = self.block_size();
+        let block_size = pool.config().block_size as usize;
         let Some(table) = self.tables.get_mut(id) else {
             return Ok(());
         };
@@ -386,7 +379,7 @@ impl BlockTables {
             num_cached_blocks: num_cached,
             num_full_blocks: num_full,
             group: 0,
-            token_ids: if self.pool.config().enable_events {
+            token_ids: if pool.config().enable_events {
                 token_ids
             } else {
                 None
@@ -394,7 +387,7 @@ impl BlockTables {
             lora_id: lora.id,
             lora_name: lora.name.as_deref(),
         };
-        self.pool.cache_full_blocks(call)?;
+        pool.cache_full_blocks(call)?;
         table.num_cached = Some(num_full);
         Ok(())
     }
@@ -407,14 +400,13 @@ impl BlockTables {
 
     /// vLLM's `free`: frees the request's blocks tail first and forgets it (an
     /// unknown request is a no-op, as in vLLM).
-    pub fn free(&mut self, id: &RequestId) -> PoolResult<()> {
-        let blocks = match self.tables.get(id) {
-            Some(t) => t.blocks.clone(),
-            None => return Ok(()),
+    pub fn free(&mut self, pool: &mut BlockPool, id: &RequestId) -> PoolResult<()> {
+        let Some(table) = self.tables.remove(id) else {
+            return Ok(());
         };
-        self.pool.free_blocks_reversed(&blocks)?;
-        self.tables.remove(id);
-        Ok(())
+        // A refused free changed nothing in the pool; keep the table as it was too.
+        pool.free_blocks_reversed(&table.blocks)
+            .inspect_err(|_| drop(self.tables.insert(id.clone(), table)))
     }
 
     /// Ids of blocks allocated since the last call (empty unless recording).
@@ -426,9 +418,9 @@ impl BlockTables {
     }
 
     /// Checks the pool and that the tables hold exactly the pool's references.
-    pub fn check_invariants(&self) -> Result<(), Vec<String>> {
-        let mut problems = self.pool.check_invariants().err().unwrap_or_default();
-        let mut holders = vec![0u32; self.pool.num_blocks() as usize];
+    pub fn check_invariants(&self, pool: &BlockPool) -> Result<(), Vec<String>> {
+        let mut problems = pool.check_invariants().err().unwrap_or_default();
+        let mut holders = vec![0u32; pool.num_blocks() as usize];
         for table in self.tables.values() {
             for &b in &table.blocks {
                 if let Some(h) = holders.get_mut(b as usize) {
@@ -436,8 +428,8 @@ impl BlockTables {
                 }
             }
         }
-        for (id, count) in self.pool.ref_counts().enumerate() {
-            if Some(id as u32) != self.pool.null_block() && count < holders[id] {
+        for (id, count) in pool.ref_counts().enumerate() {
+            if Some(id as u32) != pool.null_block() && count < holders[id] {
                 problems.push(format!(
                     "block {id} has count {count} but {} table entries",
                     holders[id]
@@ -459,10 +451,13 @@ mod tests {
 
     const BS: usize = 4;
 
-    fn tables(num_blocks: u32) -> BlockTables {
+    fn tables(num_blocks: u32) -> (BlockTables, BlockPool) {
         let mut config = PoolConfig::new(num_blocks);
         config.block_size = BS as u32;
-        BlockTables::new(BlockPool::new(config).unwrap(), 1024, true).unwrap()
+        (
+            BlockTables::new(1024, true).unwrap(),
+            BlockPool::new(config).unwrap(),
+        )
     }
 
     fn hashes(n: usize) -> Vec<u8> {
@@ -475,34 +470,33 @@ mod tests {
 
     #[test]
     fn allocates_caches_and_frees_tail_first() {
-        let mut t = tables(16);
+        let (mut t, mut p) = tables(16);
         let h = hashes(2);
         let call = SlotCall::new(0, 10, HashSlice::new(&h, 8).unwrap(), 10);
         let mut out = Vec::new();
-        assert!(t.allocate_slots(&rid(1), &call, &mut out).unwrap());
+        assert!(t.allocate_slots(&mut p, &rid(1), &call, &mut out).unwrap());
         assert_eq!(out, vec![1, 2, 3]);
         assert_eq!(t.num_cached_blocks(&rid(1)), Some(2));
-        assert_eq!(t.pool().num_cached_blocks(), 2);
+        assert_eq!(p.num_cached_blocks(), 2);
         assert_eq!(t.take_new_block_ids(), vec![1, 2, 3]);
-        t.free(&rid(1)).unwrap();
+        t.free(&mut p, &rid(1)).unwrap();
         // Tail first: the uncached block 3 goes to the front, the cached ones to the back.
-        let free: Vec<u32> = t.pool().free_block_ids().collect();
+        let free: Vec<u32> = p.free_block_ids().collect();
         assert_eq!(&free[..1], &[3]);
         assert_eq!(&free[free.len() - 2..], &[2, 1]);
-        t.check_invariants().unwrap();
+        t.check_invariants(&p).unwrap();
     }
 
     #[test]
     fn hits_are_adopted_once_and_only_before_running() {
-        let mut t = tables(16);
+        let (mut t, mut p) = tables(16);
         let h = hashes(2);
         let slice = HashSlice::new(&h, 8).unwrap();
         let mut out = Vec::new();
-        t.allocate_slots(&rid(1), &SlotCall::new(0, 9, slice, 9), &mut out)
+        t.allocate_slots(&mut p, &rid(1), &SlotCall::new(0, 9, slice, 9), &mut out)
             .unwrap();
         let mut hits = Vec::new();
-        t.pool()
-            .find_longest_cache_hit(slice, 0, Some(2), &mut hits)
+        p.find_longest_cache_hit(slice, 0, Some(2), &mut hits)
             .unwrap();
         assert_eq!(hits, vec![1, 2]);
         let call = SlotCall {
@@ -511,40 +505,45 @@ mod tests {
             ..SlotCall::new(0, 9, slice, 1)
         };
         out.clear();
-        assert!(t.allocate_slots(&rid(2), &call, &mut out).unwrap());
+        assert!(t.allocate_slots(&mut p, &rid(2), &call, &mut out).unwrap());
         assert_eq!(out.len(), 1);
         assert_eq!(t.blocks(&rid(2))[..2], [1, 2]);
-        assert_eq!(t.pool().ref_count(1).unwrap(), 2);
+        assert_eq!(p.ref_count(1).unwrap(), 2);
         // Running now: new hits are refused and nothing changes.
-        let before: Vec<u32> = t.pool().ref_counts().collect();
-        assert!(t.allocate_slots(&rid(2), &call, &mut out).is_err());
-        assert_eq!(before, t.pool().ref_counts().collect::<Vec<_>>());
-        t.check_invariants().unwrap();
+        let before: Vec<u32> = p.ref_counts().collect();
+        assert!(t.allocate_slots(&mut p, &rid(2), &call, &mut out).is_err());
+        assert_eq!(before, p.ref_counts().collect::<Vec<_>>());
+        t.check_invariants(&p).unwrap();
     }
 
     #[test]
     fn gates_refuse_without_changing_anything() {
-        let mut t = tables(5); // 4 usable blocks
+        let (mut t, mut p) = tables(5); // 4 usable blocks
         let mut out = Vec::new();
         let full = SlotCall {
             full_sequence_must_fit: true,
             ..SlotCall::new(0, 40, HashSlice::empty(), 4)
         };
-        assert!(!t.allocate_slots(&rid(1), &full, &mut out).unwrap());
+        assert!(!t.allocate_slots(&mut p, &rid(1), &full, &mut out).unwrap());
         let reserved = SlotCall {
             reserved_blocks: 2,
             ..SlotCall::new(0, 12, HashSlice::empty(), 12)
         };
-        assert!(!t.allocate_slots(&rid(1), &reserved, &mut out).unwrap());
+        assert!(!t
+            .allocate_slots(&mut p, &rid(1), &reserved, &mut out)
+            .unwrap());
         let watermark = SlotCall {
             watermark_blocks: 1,
             ..SlotCall::new(0, 16, HashSlice::empty(), 16)
         };
-        assert!(!t.allocate_slots(&rid(1), &watermark, &mut out).unwrap());
+        assert!(!t
+            .allocate_slots(&mut p, &rid(1), &watermark, &mut out)
+            .unwrap());
         assert!(out.is_empty() && t.blocks(&rid(1)).is_empty());
-        assert_eq!(t.pool().num_free_blocks(), 4);
+        assert_eq!(p.num_free_blocks(), 4);
         assert!(t
             .allocate_slots(
+                &mut p,
                 &rid(1),
                 &SlotCall::new(0, 16, HashSlice::empty(), 0),
                 &mut out
@@ -554,31 +553,32 @@ mod tests {
 
     #[test]
     fn external_tokens_get_blocks_outside_the_result() {
-        let mut t = tables(16);
+        let (mut t, mut p) = tables(16);
         let call = SlotCall {
             num_external_computed_tokens: 8,
             ..SlotCall::new(0, 12, HashSlice::empty(), 4)
         };
         let mut out = Vec::new();
-        assert!(t.allocate_slots(&rid(1), &call, &mut out).unwrap());
+        assert!(t.allocate_slots(&mut p, &rid(1), &call, &mut out).unwrap());
         assert_eq!(out, vec![3]);
         assert_eq!(t.blocks(&rid(1)), &[1, 2, 3]);
     }
 
     #[test]
     fn hashes_cross_once_and_gaps_are_refused() {
-        let mut t = tables(16);
+        let (mut t, mut p) = tables(16);
         let h = hashes(3);
         let mut out = Vec::new();
         let first = SlotCall::new(0, 8, HashSlice::new(&h[..16], 8).unwrap(), 8);
-        t.allocate_slots(&rid(1), &first, &mut out).unwrap();
+        t.allocate_slots(&mut p, &rid(1), &first, &mut out).unwrap();
         assert_eq!(t.num_known_hashes(&rid(1)), 2);
         // The third hash alone, from index 2; then a repeat with overlap is skipped.
         let third = HashSlice::new(&h[16..], 8).unwrap();
-        t.cache_blocks(&rid(1), 2, third, 8, None, &LoraInfo::default())
+        t.cache_blocks(&mut p, &rid(1), 2, third, 8, None, &LoraInfo::default())
             .unwrap();
         assert_eq!(t.num_known_hashes(&rid(1)), 3);
         t.cache_blocks(
+            &mut p,
             &rid(1),
             0,
             HashSlice::new(&h, 8).unwrap(),
@@ -589,11 +589,12 @@ mod tests {
         .unwrap();
         assert_eq!(t.num_known_hashes(&rid(1)), 3);
         assert!(t
-            .cache_blocks(&rid(1), 5, third, 8, None, &LoraInfo::default())
+            .cache_blocks(&mut p, &rid(1), 5, third, 8, None, &LoraInfo::default())
             .is_err());
         let other = [9u8; 16];
         assert!(t
             .cache_blocks(
+                &mut p,
                 &rid(1),
                 3,
                 HashSlice::new(&other, 16).unwrap(),
@@ -602,6 +603,6 @@ mod tests {
                 &LoraInfo::default()
             )
             .is_err());
-        t.check_invariants().unwrap();
+        t.check_invariants(&p).unwrap();
     }
 }

@@ -131,15 +131,18 @@ class KVCacheManager:
         self.metrics_collector = metrics_collector
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.block_size: int = spec.block_size
-        self._tables = kvpool.BlockTables(
+        self._pool = kvpool.BlockPool(
             kv_cache_config.num_blocks,
-            spec.block_size,
-            max_model_len=max_model_len,
+            block_size=spec.block_size,
             enable_caching=enable_caching,
             enable_events=enable_kv_cache_events,
+        )
+        self._tables = kvpool.BlockTables(
+            self._pool,
+            max_model_len=max_model_len,
             record_new_block_ids=bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)),
         )
-        self.block_pool = BlockPoolView(self._tables, hash_block_size)
+        self.block_pool = BlockPoolView(self._pool, hash_block_size)
         single = SingleTypeView(self._tables, spec, self.block_pool)
         single.records_new_block_ids = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         retention = kv_cache_config.prefix_cache_retention_interval
@@ -155,23 +158,22 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
         self._events: list[Any] = []
         self.block_pool.kv_event_queue = self._events
+        self._allocate = kvpool.VllmSlotAllocator(
+            self._tables, self.empty_kv_cache_blocks, KvpoolBlocks, block_ids_of, _WAITING,
+            self.watermark_blocks,
+        )
         if not enable_kv_cache_events:
-            # The scheduler's hottest call, as one Rust call (the method below is the same
-            # mapping in Python, kept for events, which are converted after each call).
-            self.allocate_slots = kvpool.VllmSlotAllocator(  # type: ignore[method-assign]
-                self._tables, self.empty_kv_cache_blocks, KvpoolBlocks, block_ids_of, _WAITING,
-                self.watermark_blocks,
-            )
+            # The scheduler's hottest call with no Python frame of kvpool's.
+            self.allocate_slots = self._allocate  # type: ignore[method-assign]
         self._event_metadata = (get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec))
 
     # -- events ------------------------------------------------------------------------------
 
-    def _drain_events(self, request: Request | None = None, first_block: int = 0) -> None:
+    def _drain_events(self, request: Request | None = None) -> None:
         """Moves the Rust pool's new events into vLLM's event classes, in order. A
-        ``BlockStored`` belongs to ``request``, whose blocks from ``first_block`` on were
-        just cached: its token ids, LoRA and extra keys come from the request, as vLLM's
-        block pool takes them."""
-        for event in self._tables.take_events():
+        ``BlockStored`` belongs to ``request``, whose blocks it just cached: its token ids,
+        LoRA and extra keys come from the request, as vLLM's block pool takes them."""
+        for event in self._pool.take_events():
             if isinstance(event, kvpool.BlockRemoved):
                 self._events.extend(
                     BlockRemoved(block_hashes=[maybe_convert_block_hash(h)], medium=MEDIUM_GPU, group_idx=event.group_idx)
@@ -180,10 +182,14 @@ class KVCacheManager:
             elif isinstance(event, kvpool.AllBlocksCleared):
                 self._events.append(AllBlocksCleared())
             elif isinstance(event, kvpool.BlockStored) and request is not None:
-                self._events.append(self._block_stored(request, event, first_block))
+                self._events.append(self._block_stored(request, event))
 
-    def _block_stored(self, request: Request, event: Any, first_block: int) -> BlockStored:
+    def _block_stored(self, request: Request, event: Any) -> BlockStored:
         bs = self.block_size
+        # The first newly cached block: where the event's first hash is in the request's
+        # chain (hashes are chained, so it is there once; new blocks are near the end).
+        hashes, first_hash = request.block_hashes, event.block_hashes[0]
+        first_block = next(i for i in range(len(hashes) - 1, -1, -1) if hashes[i] == first_hash)
         start, end = first_block * bs, (first_block + len(event.block_hashes)) * bs
         extra_keys_list, mm_idx = [], 0
         for b in range(first_block, first_block + len(event.block_hashes)):
@@ -226,7 +232,7 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         """The KV cache usage (between 0.0 and 1.0)."""
-        return self._tables.get_usage()
+        return self._pool.get_usage()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         """Get (and reset) the prefix cache stats; ``None`` without ``log_stats``."""
@@ -248,7 +254,7 @@ class KVCacheManager:
                                        preempted=request.num_preemptions > 0)
 
     def _blocks(self, ids: np.ndarray) -> KVCacheBlocks:
-        return KvpoolBlocks(self._tables, ids) if len(ids) else self.empty_kv_cache_blocks
+        return KvpoolBlocks(self._pool, ids) if len(ids) else self.empty_kv_cache_blocks
 
     def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
                             ) -> tuple[KVCacheBlocks, int, int]:
@@ -258,7 +264,7 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
-        ids = self._tables.find_longest_cache_hit(request.block_hashes,
+        ids = self._pool.find_longest_cache_hit(request.block_hashes,
                                                   max_blocks=max(max_cache_hit_length, 0) // self.block_size)
         return self._blocks(ids), len(ids) * self.block_size, 0
 
@@ -288,59 +294,23 @@ class KVCacheManager:
 
     # -- changes -----------------------------------------------------------------------------
 
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
-        reserved_blocks: int = 0,
-        has_scheduled_reqs: bool = True,
-        skip_zeroing_group_ids: tuple[int, ...] = (),
-    ) -> KVCacheBlocks | None:
-        """vLLM's ``allocate_slots``: the new blocks, or ``None`` when they do not fit."""
-        if new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks:
-            hits = None
-        else:
-            hits = block_ids_of(new_computed_blocks)
-        watermark = 0
-        if has_scheduled_reqs and self.watermark_blocks and request.status in _WAITING:
-            watermark = self.watermark_blocks
-        rid = request.request_id
-        if self.enable_kv_cache_events:
-            first = len(hits) if hits is not None else (self._tables.num_cached_blocks(rid) or 0)
-        # Positional, in the binding's order: no keyword parsing on the hot path, and on a
-        # plain step (no hits, lookahead, connector or gates) only the five that matter.
-        # Without prefix caching no hash is ever read, so none crosses.
-        hashes = request.block_hashes if self.enable_caching else ()
-        if (hits is None and not (num_new_computed_tokens or num_lookahead_tokens or num_external_computed_tokens
-                                  or delay_cache_blocks or full_sequence_must_fit or reserved_blocks or watermark)):
-            ids = self._tables.allocate_slots(rid, request.num_computed_tokens, request.num_tokens, hashes,
-                                              num_new_tokens)
-        else:
-            ids = self._tables.allocate_slots(
-                rid, request.num_computed_tokens, request.num_tokens, hashes, num_new_tokens,
-                num_new_computed_tokens, hits, num_lookahead_tokens, num_external_computed_tokens,
-                delay_cache_blocks, full_sequence_must_fit, reserved_blocks, watermark,
-            )
-        if self.enable_kv_cache_events:
-            self._drain_events(request, first)
-        if ids is None:
-            return None
-        return KvpoolBlocks(self._tables, ids) if len(ids) else self.empty_kv_cache_blocks
+    def allocate_slots(self, request: Request, num_new_tokens: int, *args: Any, **kwargs: Any
+                       ) -> KVCacheBlocks | None:
+        """vLLM's ``allocate_slots``: the new blocks, or ``None`` when they do not fit.
+
+        The work, argument mapping included, is one call of ``kvpool.VllmSlotAllocator``;
+        without KV events that callable replaces this method on the instance, and with
+        them this method only converts the events the call caused."""
+        blocks = self._allocate(request, num_new_tokens, *args, **kwargs)
+        self._drain_events(request)
+        return blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's blocks full within its first ``num_computed_tokens`` tokens."""
         if self.enable_caching:
-            first = self._tables.num_cached_blocks(request.request_id) or 0
             self._tables.cache_blocks(request.request_id, request.block_hashes, num_computed_tokens)
             if self.enable_kv_cache_events:
-                self._drain_events(request, first)
+                self._drain_events(request)
 
     def free(self, request: Request) -> None:
         """Free the request's blocks, tail first."""
@@ -349,7 +319,7 @@ class KVCacheManager:
     def pop_blocks_for_free(self, request: Request) -> list[Any]:
         """Forget the request and return its blocks (allocation order) without freeing them."""
         ids = self._tables.pop_blocks(request.request_id)
-        return list(KvpoolBlocks(self._tables, ids).blocks[0])
+        return list(KvpoolBlocks(self._pool, ids).blocks[0])
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
@@ -357,11 +327,11 @@ class KVCacheManager:
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Evict blocks from the prefix cache by id."""
-        self._tables.evict_blocks(sorted(block_ids))
+        self._pool.evict_blocks(sorted(block_ids))
 
     def reset_prefix_cache(self) -> bool:
         """Clear the prefix cache; ``False`` while blocks are in use."""
-        if not self._tables.reset_prefix_cache():
+        if not self._pool.reset_prefix_cache():
             return False
         if self.log_stats:
             assert self.prefix_cache_stats is not None

@@ -1,4 +1,5 @@
-"""Read-only views of kvpool's Rust state under vLLM 0.33's names.
+"""Read-only views of kvpool's Rust state (a ``BlockPool`` and its ``BlockTables``) under
+vLLM 0.33's names.
 
 vLLM's scheduler and tests read its manager's internals: ``KVCacheBlocks.blocks[g][i]``
 (a ``KVCacheBlock`` with ``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``),
@@ -28,15 +29,15 @@ _QUEUES: dict[int, FreeQueueView] = {}
 class BlockView:
     """One block as a ``KVCacheBlock``: id, live reference count and hash, ``is_null``."""
 
-    __slots__ = ("_tables", "block_id")
+    __slots__ = ("_pool", "block_id")
 
-    def __init__(self, tables: kvpool.BlockTables, block_id: int) -> None:
-        self._tables = tables
+    def __init__(self, pool: kvpool.BlockPool, block_id: int) -> None:
+        self._pool = pool
         self.block_id = block_id
 
     @property
     def ref_cnt(self) -> int:
-        return self._tables.ref_count(self.block_id)
+        return self._pool.ref_count(self.block_id)
 
     @property
     def is_null(self) -> bool:
@@ -44,23 +45,23 @@ class BlockView:
 
     @property
     def block_hash(self) -> Any:
-        key = self._tables.block_hash(self.block_id)
+        key = self._pool.block_hash(self.block_id)
         return None if key is None else make_block_hash_with_group_id(key[0], key[1])
 
     @property
     def next_free_block(self) -> Any:
-        return _QUEUES[id(self._tables)]._neighbour(self.block_id, +1)
+        return _QUEUES[id(self._pool)]._neighbour(self.block_id, +1)
 
     @property
     def prev_free_block(self) -> Any:
-        return _QUEUES[id(self._tables)]._neighbour(self.block_id, -1)
+        return _QUEUES[id(self._pool)]._neighbour(self.block_id, -1)
 
     @property
     def block_hash_num_tokens(self) -> int | None:
-        return None if self._tables.block_hash(self.block_id) is None else self._tables.block_size
+        return None if self._pool.block_hash(self.block_id) is None else self._pool.block_size
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, BlockView) and other._tables is self._tables and other.block_id == self.block_id
+        return isinstance(other, BlockView) and other._pool is self._pool and other.block_id == self.block_id
 
     def __hash__(self) -> int:
         return hash(self.block_id)
@@ -72,10 +73,10 @@ class BlockView:
 class BlockList(Sequence[BlockView]):
     """A request's or a result's blocks: an id array, viewed as ``KVCacheBlock``s on demand."""
 
-    __slots__ = ("_tables", "ids")
+    __slots__ = ("_pool", "ids")
 
-    def __init__(self, tables: kvpool.BlockTables, ids: np.ndarray) -> None:
-        self._tables = tables
+    def __init__(self, pool: kvpool.BlockPool, ids: np.ndarray) -> None:
+        self._pool = pool
         self.ids = ids
 
     def __len__(self) -> int:
@@ -83,19 +84,19 @@ class BlockList(Sequence[BlockView]):
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return BlockList(self._tables, self.ids[index])
-        return BlockView(self._tables, int(self.ids[index]))
+            return BlockList(self._pool, self.ids[index])
+        return BlockView(self._pool, int(self.ids[index]))
 
     def __iter__(self) -> Iterator[BlockView]:
-        tables = self._tables
-        return (BlockView(tables, i) for i in self.ids.tolist())
+        pool = self._pool
+        return (BlockView(pool, i) for i in self.ids.tolist())
 
     def __bool__(self) -> bool:
         return len(self.ids) > 0
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, BlockList):
-            return other._tables is self._tables and np.array_equal(other.ids, self.ids)
+            return other._pool is self._pool and np.array_equal(other.ids, self.ids)
         if isinstance(other, (list, tuple)):
             return len(other) == len(self) and all(a == b for a, b in zip(self, other))
         return NotImplemented
@@ -108,14 +109,14 @@ class KvpoolBlocks(KVCacheBlocks):  # type: ignore[misc]
     """vLLM's ``KVCacheBlocks`` over kvpool ids (one group): ``get_block_ids()`` hands the
     ids over directly; ``blocks[0]`` views them as blocks."""
 
-    def __init__(self, tables: kvpool.BlockTables, ids: np.ndarray) -> None:  # noqa: D107
+    def __init__(self, pool: kvpool.BlockPool, ids: np.ndarray) -> None:  # noqa: D107
         self.ids = ids
-        self._tables = tables
+        self._pool = pool
 
     @property
     def blocks(self) -> tuple[BlockList]:
         """The blocks as ``KVCacheBlock`` views (made on first use)."""
-        return (BlockList(self._tables, self.ids),)
+        return (BlockList(self._pool, self.ids),)
 
     def get_block_ids(self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None) -> Any:
         if allow_none and len(self.ids) == 0:
@@ -132,7 +133,7 @@ class KvpoolBlocks(KVCacheBlocks):  # type: ignore[misc]
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         if isinstance(other, KvpoolBlocks):
-            return KvpoolBlocks(self._tables, np.concatenate([self.ids, other.ids]))
+            return KvpoolBlocks(self._pool, np.concatenate([self.ids, other.ids]))
         return KVCacheBlocks((list(self.blocks[0]) + list(other.blocks[0]),))
 
     def __repr__(self) -> str:
@@ -169,14 +170,14 @@ class FreeQueueView:
     """``block_pool.free_block_queue``: the free queue's length and order, and its linked-list
     ends (``fake_free_list_head``/``fake_free_list_tail``) for code that walks it."""
 
-    def __init__(self, tables: kvpool.BlockTables) -> None:
-        self._tables = tables
+    def __init__(self, pool: kvpool.BlockPool) -> None:
+        self._pool = pool
         self.fake_free_list_head = _End(self, head=True)
         self.fake_free_list_tail = _End(self, head=False)
-        _QUEUES[id(tables)] = self
+        _QUEUES[id(pool)] = self
 
     def _neighbour(self, block_id: int | None, step: int) -> Any:
-        order = self._tables.free_block_ids().tolist()
+        order = self._pool.free_block_ids().tolist()
         if block_id is None:
             i = 0 if step > 0 else len(order) - 1
         elif block_id in order:
@@ -184,89 +185,89 @@ class FreeQueueView:
         else:
             return None
         if 0 <= i < len(order):
-            return BlockView(self._tables, order[i])
+            return BlockView(self._pool, order[i])
         return self.fake_free_list_tail if step > 0 else self.fake_free_list_head
 
     @property
     def num_free_blocks(self) -> int:
-        return self._tables.get_num_free_blocks()
+        return self._pool.get_num_free_blocks()
 
     def get_all_free_blocks(self) -> list[BlockView]:
-        return [BlockView(self._tables, i) for i in self._tables.free_block_ids().tolist()]
+        return [BlockView(self._pool, i) for i in self._pool.free_block_ids().tolist()]
 
 
 class _AllBlocks(Sequence[BlockView]):
-    def __init__(self, tables: kvpool.BlockTables) -> None:
-        self._tables = tables
+    def __init__(self, pool: kvpool.BlockPool) -> None:
+        self._pool = pool
 
     def __len__(self) -> int:
-        return self._tables.num_blocks
+        return self._pool.num_blocks
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return [BlockView(self._tables, i) for i in range(self._tables.num_blocks)[index]]
+            return [BlockView(self._pool, i) for i in range(self._pool.num_blocks)[index]]
         if index < 0:
-            index += self._tables.num_blocks
-        if not 0 <= index < self._tables.num_blocks:
+            index += self._pool.num_blocks
+        if not 0 <= index < self._pool.num_blocks:
             raise IndexError(index)
-        return BlockView(self._tables, index)
+        return BlockView(self._pool, index)
 
 
 class CachedBlocksView:
     """``block_pool.cached_block_hash_to_block``: its length (distinct cached keys) and truth."""
 
-    def __init__(self, tables: kvpool.BlockTables) -> None:
-        self._tables = tables
+    def __init__(self, pool: kvpool.BlockPool) -> None:
+        self._pool = pool
 
     def __len__(self) -> int:
-        if self._tables.get_num_cached_blocks() == 0:
+        if self._pool.get_num_cached_blocks() == 0:
             return 0
-        keys = {self._tables.block_hash(i) for i in range(self._tables.num_blocks)}
+        keys = {self._pool.block_hash(i) for i in range(self._pool.num_blocks)}
         keys.discard(None)
         return len(keys)
 
     def __bool__(self) -> bool:
-        return self._tables.get_num_cached_blocks() > 0
+        return self._pool.get_num_cached_blocks() > 0
 
 
 class BlockPoolView:
     """``manager.block_pool``: reads, and the two calls vLLM's scheduler makes on it."""
 
-    def __init__(self, tables: kvpool.BlockTables, hash_block_size: int) -> None:
-        self._tables = tables
-        self.blocks = _AllBlocks(tables)
-        self.free_block_queue = FreeQueueView(tables)
-        self.cached_block_hash_to_block = CachedBlocksView(tables)
-        self.null_block = BlockView(tables, 0)
-        self.num_gpu_blocks = tables.num_blocks
-        self.enable_caching = tables.enable_caching
-        self.enable_kv_cache_events = tables.enable_events
+    def __init__(self, pool: kvpool.BlockPool, hash_block_size: int) -> None:
+        self._pool = pool
+        self.blocks = _AllBlocks(pool)
+        self.free_block_queue = FreeQueueView(pool)
+        self.cached_block_hash_to_block = CachedBlocksView(pool)
+        self.null_block = BlockView(pool, 0)
+        self.num_gpu_blocks = pool.num_blocks
+        self.enable_caching = pool.enable_caching
+        self.enable_kv_cache_events = pool.enable_events
         self.hash_block_size = hash_block_size
         self.medium = "GPU"
         #: The manager's queue of vLLM events (set by the manager).
         self.kv_event_queue: list[Any] = []
 
     def get_num_free_blocks(self) -> int:
-        return self._tables.get_num_free_blocks()
+        return self._pool.get_num_free_blocks()
 
     def get_usage(self) -> float:
-        return self._tables.get_usage()
+        return self._pool.get_usage()
 
     def free_blocks(self, ordered_blocks: Iterable[Any]) -> None:
-        self._tables.free_blocks(block_ids_of(ordered_blocks))
+        self._pool.free_blocks(block_ids_of(ordered_blocks))
 
     def touch(self, blocks: Iterable[Any]) -> None:
-        self._tables.touch(block_ids_of(blocks))
+        self._pool.touch(block_ids_of(blocks))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        self._tables.evict_blocks(sorted(block_ids))
+        self._pool.evict_blocks(sorted(block_ids))
 
     def reset_prefix_cache(self) -> bool:
-        return self._tables.reset_prefix_cache()
+        return self._pool.reset_prefix_cache()
 
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
-        hit = self._tables.find_longest_cache_hit([block_hash], max_blocks=1)
-        return [BlockView(self._tables, int(hit[0]))] if len(hit) else None
+        block = self._pool.get_cached_block(block_hash, 0)
+        return None if block is None else [BlockView(self._pool, block)]
 
 
 
@@ -275,9 +276,10 @@ class _RequestTables:
 
     def __init__(self, tables: kvpool.BlockTables) -> None:
         self._tables = tables
+        self._pool = tables.pool
 
     def __getitem__(self, request_id: str) -> BlockList:
-        return BlockList(self._tables, self._tables.get_blocks(request_id))
+        return BlockList(self._pool, self._tables.get_blocks(request_id))
 
     def get(self, request_id: str, default: Any = None) -> Any:
         return self[request_id] if request_id in self else default
@@ -329,7 +331,7 @@ class SingleTypeView:
         self.block_size = kv_cache_spec.block_size
         self.kv_cache_group_id = 0
         self.block_pool = block_pool
-        self.enable_caching = tables.enable_caching
+        self.enable_caching = tables.pool.enable_caching
         self.req_to_blocks = _RequestTables(tables)
         self.num_cached_block = _NumCached(tables)
         self.use_eagle = False

@@ -116,7 +116,7 @@ def run_workload(seed: int, create_scheduler: Any, make_request: Any) -> int:
         assert a_free == b_free, f"seed {seed} step {step}: free blocks {a_free} != {b_free}"
         ea, eb = _events(ours.kv_cache_manager.take_events()), _events(theirs.kv_cache_manager.take_events())
         assert ea == eb, f"seed {seed} step {step}: events differ\n{ea}\n{eb}"
-        ours.kv_cache_manager._tables.check_invariants()
+        ours.kv_cache_manager._tables.check_invariants()  # the pool's, and its tables'
     return steps
 
 
