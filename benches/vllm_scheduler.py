@@ -9,7 +9,10 @@ sampled token per request whose prefill is done), as vLLM's own tests do, on:
 - warm-up: 100 requests sharing a 624-token prefix plus 16-64 unique tokens, prefix caching
   on, budget 2,048, 200 output tokens each (a chunked, prefix-sharing warm-up batch).
 
-Runs alternate between the two managers (interleaved, one process). Plain rounds time the
+Runs alternate between the two managers (interleaved, one process). Each run freezes the
+garbage collector's heap once its scheduler is built, as vLLM's ``EngineCore`` does at
+startup, so that collections during the steps do not walk torch's and vLLM's startup
+objects. Plain rounds time the
 whole step; instrumented rounds also time every outermost call into the manager (and its
 block pool), less the timer's own cost per call, which gives the share of the step spent in
 KV-cache management. Prints scheduler µs per step
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import random
 import statistics
 import sys
@@ -44,12 +48,17 @@ def make_workload(kind: str, n: int, seed: int = 0) -> list[tuple[str, list[int]
 class Timed:
     """Wraps the manager's (and its block pool's) methods to add their time to ``total``;
     only the outermost call is counted, so a pool call made by the manager is not counted
-    twice."""
+    twice. ``overhead`` adds up what the wrapper itself put inside each timed interval
+    (``OVERHEAD_NS``, by the call's number of keyword arguments), to be subtracted."""
 
-    def __init__(self) -> None:
+    def __init__(self, overhead_ns: list[float] | None = None) -> None:
         self.total = 0
+        self.overhead = 0.0
         self.depth = 0
         self.calls = 0
+        #: per method name: [calls, ns, overhead ns]
+        self.by_name: dict[str, list[float]] = {}
+        self._overhead_ns = overhead_ns if overhead_ns is not None else OVERHEAD_NS
 
     def wrap(self, obj: Any) -> None:
         for name in dir(type(obj)):
@@ -57,10 +66,13 @@ class Timed:
                 continue
             attr = getattr(type(obj), name, None)
             if callable(attr) and not isinstance(attr, type):
-                setattr(obj, name, self._timed(getattr(obj, name)))
+                setattr(obj, name, self._timed(getattr(obj, name), name))
 
-    def _timed(self, fn: Any) -> Any:
+    def _timed(self, fn: Any, name: str) -> Any:
         clock = time.perf_counter_ns
+        slot = self.by_name.setdefault(name, [0, 0, 0.0])
+        overhead_ns = self._overhead_ns
+        last = len(overhead_ns) - 1
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -72,33 +84,50 @@ class Timed:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.total += clock() - t
+                dt = clock() - t
+                over = overhead_ns[min(len(kwargs), last)]
+                self.total += dt
+                self.overhead += over
+                slot[0] += 1
+                slot[1] += dt
+                slot[2] += over
                 self.depth -= 1
 
         return call
 
 
-def timer_overhead_ns() -> float:
-    """What one timed call adds to the measured time (a wrapped no-op, timed the same way),
-    subtracted per call so that the wrapper's own cost is not counted as KV time."""
-    meter = Timed()
+def timer_overhead_ns(max_kwargs: int = 14) -> list[float]:
+    """What one timed call adds to its own interval, by its number of keyword arguments:
+    the interval measured around ``"".format``, a C function that takes any arguments and
+    does next to nothing, wrapped and called as the scheduler calls the manager (one
+    positional argument and k keywords). Forwarding keywords through the wrapper costs
+    more than the clock itself, so a single figure would count the wrapper's cost as KV
+    time on the calls with many keywords."""
+    names = [f"k{i}" for i in range(max_kwargs + 1)]
+    table = []
+    for k in range(max_kwargs + 1):
+        kwargs = {n: 0 for n in names[:k]}
+        meter = Timed([0.0])
+        holder = type("Holder", (), {"noop": staticmethod("".format)})()
+        holder.noop = meter._timed("".format, "noop")
+        best = float("inf")
+        for _ in range(5):
+            meter.total, meter.calls = 0, 0
+            for _ in range(4_000):
+                holder.noop(1, **kwargs)
+            best = min(best, meter.total / meter.calls)
+        table.append(best)
+    return table
 
-    class Empty:
-        def noop(self) -> None:
-            return None
 
-    obj = Empty()
-    meter.wrap(obj)
-    for _ in range(20_000):
-        obj.noop()
-    return meter.total / meter.calls
-
-
-def run(kind: str, n: int, budget: int, which: str, timed: bool) -> tuple[float, float, int]:
-    """One run; returns (scheduler ns per step, manager ns per step, steps)."""
+def run(kind: str, n: int, budget: int, which: str, timed: bool,
+        breakdown: dict[str, list[float]] | None = None) -> tuple[float, float, int]:
+    """One run; returns (scheduler ns per step, manager ns per step, steps). With
+    ``breakdown``, adds each method's [calls, ns] per step (timer cost subtracted) to it."""
     import vllm.v1.core.sched.scheduler as sched_module
     from tests.v1.core.utils import create_scheduler
     from vllm.sampling_params import SamplingParams
+    from vllm.utils.gc_utils import freeze_gc_heap
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.outputs import ModelRunnerOutput
@@ -117,6 +146,9 @@ def run(kind: str, n: int, budget: int, which: str, timed: bool) -> tuple[float,
         scheduler = create_scheduler(**config)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(16, sha256)
+    # As vLLM's EngineCore does once the engine is built: the startup heap is frozen so
+    # that collections during serving skip it (vllm/v1/engine/core.py, freeze_gc_heap).
+    freeze_gc_heap()
     for rid, prompt, max_tokens in make_workload(kind, n):
         params = SamplingParams(ignore_eos=True, max_tokens=max_tokens)
         params.update_from_generation_config({}, 0)
@@ -142,11 +174,19 @@ def run(kind: str, n: int, budget: int, which: str, timed: bool) -> tuple[float,
         steps += 1
         if steps > 100_000:
             raise RuntimeError("the workload does not finish")
-    kv = max(meter.total - meter.calls * OVERHEAD_NS, 0)
+    gc.unfreeze()
+    kv = max(meter.total - meter.overhead, 0)
+    if breakdown is not None:
+        for name, (calls, ns, over) in meter.by_name.items():
+            if calls:
+                slot = breakdown.setdefault(name, [0.0, 0.0])
+                slot[0] += calls / steps
+                slot[1] += (ns - over) / steps
     return elapsed / steps, kv / steps, steps
 
 
-OVERHEAD_NS = 0.0
+#: The wrapper's cost per timed call, by its number of keyword arguments (calibrated at start).
+OVERHEAD_NS: list[float] = [0.0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="only the 100-request workloads, 2 rounds")
     parser.add_argument("--workload", choices=["serving", "warmup"], help="only this workload")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print each manager method's calls and µs per step")
     args = parser.parse_args(argv)
     sys.path.insert(0, ".")
     global OVERHEAD_NS
     OVERHEAD_NS = timer_overhead_ns()
-    print(f"timer overhead {OVERHEAD_NS:.0f} ns per timed call (subtracted)")
+    print(f"timer overhead per timed call (subtracted): {OVERHEAD_NS[0]:.0f} ns with no keyword argument, "
+          f"{OVERHEAD_NS[6]:.0f} ns with 6, {OVERHEAD_NS[12]:.0f} ns with 12")
     cases = [("serving", 100, 2048), ("serving", 100, 8192), ("serving", 1000, 2048), ("serving", 1000, 8192),
              ("warmup", 100, 2048)]
     if args.workload:
@@ -172,11 +215,13 @@ def main(argv: list[str] | None = None) -> int:
         kv: dict[str, list[float]] = {"vllm": [], "kvpool": []}
         inst: dict[str, list[float]] = {"vllm": [], "kvpool": []}
         nsteps = {}
+        per_method: dict[str, dict[str, list[float]]] = {"vllm": {}, "kvpool": {}}
         for _ in range(args.rounds):
             for which in ("vllm", "kvpool"):
                 step_ns, _, nsteps[which] = run(kind, n, budget, which, timed=False)
                 plain[which].append(step_ns)
-                step_ns, kv_ns, _ = run(kind, n, budget, which, timed=True)
+                step_ns, kv_ns, _ = run(kind, n, budget, which, timed=True,
+                                        breakdown=per_method[which] if args.breakdown else None)
                 inst[which].append(step_ns)
                 kv[which].append(kv_ns)
         label = f"{kind} n={n} budget={budget}"
@@ -188,6 +233,14 @@ def main(argv: list[str] | None = None) -> int:
         saved, kv_gone = med["vllm"] - med["kvpool"], kvm["vllm"]
         print(f"{'':<26} ratio   step {med['vllm'] / med['kvpool']:.2f}x, KV {kvm['vllm'] / max(kvm['kvpool'], 1e-9):.1f}x, "
               f"step time saved {saved:.1f} µs = {saved / kv_gone:.0%} of vLLM's KV time")
+        if args.breakdown:
+            names = sorted(set(per_method["vllm"]) | set(per_method["kvpool"]),
+                           key=lambda m: -per_method["vllm"].get(m, [0, 0])[1])
+            print(f"{'':<26} {'method':<34} {'calls/step':>10} {'vLLM µs':>8} {'kvpool µs':>9}")
+            for m in names:
+                v, k = per_method["vllm"].get(m, [0.0, 0.0]), per_method["kvpool"].get(m, [0.0, 0.0])
+                print(f"{'':<26} {m:<34} {v[0] / args.rounds:10.2f} {v[1] / args.rounds / 1e3:8.2f} "
+                      f"{k[1] / args.rounds / 1e3:9.2f}")
     return 0
 
 

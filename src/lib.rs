@@ -26,7 +26,7 @@ mod _core {
     #[pymodule_export]
     use crate::bindings::tracker::PyComputedBlocksTracker;
     #[pymodule_export]
-    use crate::bindings::vllm_slots::PyVllmSlotAllocator;
+    use crate::bindings::vllm_calls::PyVllmManagerCalls;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

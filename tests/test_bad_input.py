@@ -104,10 +104,11 @@ class FakeRequest:
     def __init__(self, request_id: Any, num_computed_tokens: Any, num_tokens: Any, block_hashes: Any) -> None:
         self.request_id, self.num_computed_tokens = request_id, num_computed_tokens
         self.num_tokens, self.block_hashes = num_tokens, block_hashes
+        self.skip_reading_prefix_cache = False
 
 
 def allocator(t: Any) -> Any:
-    return kvpool.VllmSlotAllocator(t, "EMPTY", tuple, list, (), 0)
+    return kvpool.VllmManagerCalls(t, "EMPTY", tuple, list, (), 0)
 
 
 TARGETS: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
@@ -246,9 +247,19 @@ TABLES_CASES: list[tuple[Callable[[Any], Any], type[BaseException]]] = [
     (lambda t: t.allocate_slots(S, 0, 8, [], 4), InvalidArgumentError),
     (lambda t: t.cache_blocks("a", [DIGEST, b"\x02" * 32, b"\x03" * 16], 12), HashWidthError),
     (lambda t: t.num_blocks_to_allocate("a", True), DtypeError),
-    (lambda t: allocator(t)(FakeRequest("c", 0, 8, []), True), DtypeError),
-    (lambda t: allocator(t)(object(), 4), DtypeError),
-    (lambda t: allocator(t)(FakeRequest("c", 0, 8, [1]), 4), DtypeError),
+    (lambda t: allocator(t).allocate_slots(FakeRequest("c", 0, 8, []), True), DtypeError),
+    (lambda t: allocator(t).allocate_slots(object(), 4), DtypeError),
+    (lambda t: allocator(t).allocate_slots(FakeRequest("c", 0, 8, [1]), 4), DtypeError),
+    (lambda t: allocator(t).get_computed_blocks(object()), DtypeError),
+    (lambda t: allocator(t).get_computed_blocks(FakeRequest("c", 0, 8, ["h"])), DtypeError),
+    (lambda t: allocator(t).get_computed_blocks(FakeRequest("c", 0, 8, [b"x" * 33])), HashWidthError),
+    (lambda t: allocator(t).get_computed_blocks(FakeRequest("c", 0, True, [DIGEST])), DtypeError),
+    (lambda t: allocator(t).get_computed_blocks(FakeRequest("c", 0, 8, [DIGEST]), 2.0), DtypeError),
+    (lambda t: allocator(t).get_blocks(1.5), DtypeError),
+    (lambda t: allocator(t).estimate_cached_tokens(object()), DtypeError),
+    (lambda t: allocator(t).free(object()), DtypeError),
+    (lambda t: allocator(t).free(FakeRequest(b"a", 0, 8, [])), DtypeError),
+    (lambda t: allocator(t).free(FakeRequest(S, 0, 8, [])), InvalidArgumentError),
 ]
 
 

@@ -291,8 +291,8 @@ class BlockTables:
     def check_invariants(self) -> None: ...
 
 @final
-class VllmSlotAllocator:
-    """vLLM 0.33's ``KVCacheManager.allocate_slots`` as one call (for ``kvpool.vllm``)."""
+class VllmManagerCalls:
+    """vLLM 0.33's per-request ``KVCacheManager`` calls, each one Rust call (for ``kvpool.vllm``)."""
 
     def __new__(
         cls,
@@ -302,8 +302,8 @@ class VllmSlotAllocator:
         block_ids_of: Any,
         waiting_statuses: tuple[Any, ...],
         watermark_blocks: int,
-    ) -> VllmSlotAllocator: ...
-    def __call__(
+    ) -> VllmManagerCalls: ...
+    def allocate_slots(
         self,
         request: Any,
         num_new_tokens: int,
@@ -318,6 +318,11 @@ class VllmSlotAllocator:
         has_scheduled_reqs: bool | None = None,
         skip_zeroing_group_ids: Any = None,
     ) -> Any: ...
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int]: ...
+    def get_blocks(self, request_id: _RequestId) -> Any: ...
+    def estimate_cached_tokens(self, request: Any) -> int: ...
+    def free(self, request: Any) -> None: ...
+    def record_no_prefix_cache_stats(self, request: Any, num_hits: Any) -> None: ...
 
 @final
 class KVCacheManager:

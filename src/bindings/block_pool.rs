@@ -44,6 +44,23 @@ impl PyBlockPool {
         with_lock(py, &self.inner, f)
     }
 
+    /// `find_longest_cache_hit` with the hit's ids appended to `out`.
+    pub(crate) fn longest_cache_hit_into(
+        &self,
+        py: Python<'_>,
+        block_hashes: &Bound<'_, PyAny>,
+        group: u32,
+        max_blocks: Option<usize>,
+        out: &mut Vec<u32>,
+    ) -> PyResult<()> {
+        let hashes = FlatHashes::extract(block_hashes)?;
+        self.with_pool(py, |pool| {
+            pool.find_longest_cache_hit(hashes.slice(), group, max_blocks, out)
+        })
+        .py_err(py)
+        .map(drop)
+    }
+
     fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         let mut ids = Vec::new();
         extract_block_ids(obj, self.config.num_blocks, &mut ids)?;
@@ -380,12 +397,8 @@ impl PyBlockPool {
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
         let max_blocks = opt_int_arg(max_blocks, "max_blocks", 0, i64::MAX)?.map(|m| m as usize);
-        let hashes = FlatHashes::extract(block_hashes)?;
         let mut out = Vec::new();
-        self.with_pool(py, |pool| {
-            pool.find_longest_cache_hit(hashes.slice(), group, max_blocks, &mut out)
-        })
-        .py_err(py)?;
+        self.longest_cache_hit_into(py, block_hashes, group, max_blocks, &mut out)?;
         Ok(ids_to_numpy(py, &out))
     }
 

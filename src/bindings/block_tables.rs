@@ -109,13 +109,17 @@ impl PyBlockTables {
             .py_err(py)
     }
 
-    fn with_tables<R>(&self, py: Python<'_>, f: impl FnOnce(&mut BlockTables) -> R) -> R {
+    pub(super) fn with_tables<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut BlockTables) -> R,
+    ) -> R {
         with_lock(py, &self.inner, f)
     }
 
     /// Runs `f` on the tables and the pool, locked in that order (as the tracker and
     /// its pool are).
-    fn with_tables_and_pool<R>(
+    pub(super) fn with_tables_and_pool<R>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut BlockTables, &mut BlockPool) -> R,

@@ -12,4 +12,4 @@ pub mod locking;
 pub mod manager;
 pub mod requests;
 pub mod tracker;
-pub mod vllm_slots;
+pub mod vllm_calls;

@@ -35,6 +35,13 @@ struct Table {
     num_cached: Option<usize>,
 }
 
+impl Table {
+    /// How many of the request's hashes the table holds.
+    fn num_known_hashes(&self) -> usize {
+        self.hashes.len().checked_div(self.hash_width).unwrap_or(0)
+    }
+}
+
 /// One `allocate_slots` call: the request's state as the caller holds it, and
 /// vLLM's arguments.
 #[derive(Clone, Copy, Debug)]
@@ -144,9 +151,7 @@ impl BlockTables {
     /// How many of the request's block hashes the tables hold: a caller passes
     /// `request.block_hashes[n..]` from here on.
     pub fn num_known_hashes(&self, id: &RequestId) -> usize {
-        self.tables
-            .get(id)
-            .map_or(0, |t| t.hashes.len().checked_div(t.hash_width).unwrap_or(0))
+        self.tables.get(id).map_or(0, Table::num_known_hashes)
     }
 
     /// Checks that `hashes`, starting at index `from` of the request's hashes, leave
@@ -158,7 +163,17 @@ impl BlockTables {
         from: usize,
         hashes: HashSlice<'_>,
     ) -> PoolResult<()> {
-        let known = self.num_known_hashes(id);
+        Self::check_table_hashes(self.tables.get(id), pool, from, hashes)
+    }
+
+    /// [`Self::check_hashes`] for the request's table, if it has one.
+    fn check_table_hashes(
+        table: Option<&Table>,
+        pool: &BlockPool,
+        from: usize,
+        hashes: HashSlice<'_>,
+    ) -> PoolResult<()> {
+        let known = table.map_or(0, Table::num_known_hashes);
         if let Some(w) = pool.hash_width() {
             if !hashes.is_empty() && hashes.width() != w {
                 return Err(PoolError::HashWidth {
@@ -172,7 +187,7 @@ impl BlockTables {
                 "block hashes from index {from} leave a gap: the tables hold {known}"
             )));
         }
-        if let Some(t) = self.tables.get(id) {
+        if let Some(t) = table {
             if t.hash_width != 0 && !hashes.is_empty() && hashes.width() != t.hash_width {
                 return Err(PoolError::HashWidth {
                     expected: Some(t.hash_width),
@@ -214,7 +229,16 @@ impl BlockTables {
         num_tokens: usize,
         hits: &[u32],
     ) -> usize {
-        let table = self.tables.get(id);
+        Self::table_blocks_to_allocate(self.tables.get(id), pool, num_tokens, hits)
+    }
+
+    /// [`Self::num_blocks_to_allocate`] for the request's table, if it has one.
+    fn table_blocks_to_allocate(
+        table: Option<&Table>,
+        pool: &BlockPool,
+        num_tokens: usize,
+        hits: &[u32],
+    ) -> usize {
         let held = table.map_or(0, |t| t.blocks.len());
         let required = num_tokens.div_ceil(pool.config().block_size as usize);
         if table.is_some_and(|t| t.num_cached.is_some()) {
@@ -233,7 +257,9 @@ impl BlockTables {
         out: &mut Vec<u32>,
     ) -> PoolResult<bool> {
         let hits = call.new_computed_blocks.unwrap_or(&[]);
-        self.check_hashes(pool, id, call.hashes_from, call.block_hashes)?;
+        // One lookup to check and size the call, one to change the table.
+        let table = self.tables.get(id);
+        Self::check_table_hashes(table, pool, call.hashes_from, call.block_hashes)?;
         if call.num_new_tokens == 0
             && call.num_external_computed_tokens == 0
             && call.num_new_computed_tokens == 0
@@ -244,7 +270,6 @@ impl BlockTables {
             ));
         }
         let adopting = call.new_computed_blocks.is_some() || call.num_external_computed_tokens > 0;
-        let table = self.tables.get(id);
         let running = table.is_some_and(|t| t.num_cached.is_some());
         if !hits.is_empty() {
             if running {
@@ -272,7 +297,8 @@ impl BlockTables {
             .min(max_len);
         let free = pool.num_free_blocks() as i128;
         if call.full_sequence_must_fit {
-            let need = self.num_blocks_to_allocate(pool, id, call.num_tokens.min(max_len), hits);
+            let need =
+                Self::table_blocks_to_allocate(table, pool, call.num_tokens.min(max_len), hits);
             if (need + call.watermark_blocks) as i128 > free {
                 return Ok(false);
             }
@@ -281,13 +307,13 @@ impl BlockTables {
             .saturating_add(call.num_new_tokens)
             .saturating_add(call.num_lookahead_tokens)
             .min(max_len);
-        let need = self.num_blocks_to_allocate(pool, id, need_slots, hits);
+        let need = Self::table_blocks_to_allocate(table, pool, need_slots, hits);
         if need.saturating_add(call.watermark_blocks) as i128 > free - call.reserved_blocks as i128
         {
             return Ok(false);
         }
         // From here on nothing fails: the ids are checked and the blocks fit.
-        let table = self.tables.entry(id.clone()).or_default();
+        let table = self.tables.entry_ref(id).or_default();
         Self::learn_hashes(table, call.hashes_from, call.block_hashes);
         let adopt = adopting && table.num_cached.is_none();
         if adopt {
@@ -319,7 +345,13 @@ impl BlockTables {
             let num_tokens = total
                 .saturating_add(call.num_new_tokens)
                 .min(call.num_tokens);
-            self.cache_known_blocks(pool, id, num_tokens, call.token_ids, &LoraInfo::default())?;
+            Self::cache_table_blocks(
+                pool,
+                table,
+                num_tokens,
+                call.token_ids,
+                &LoraInfo::default(),
+            )?;
         }
         Ok(true)
     }
@@ -355,13 +387,24 @@ impl BlockTables {
         token_ids: Option<&[i64]>,
         lora: &LoraInfo,
     ) -> PoolResult<()> {
+        match self.tables.get_mut(id) {
+            Some(table) => Self::cache_table_blocks(pool, table, num_tokens, token_ids, lora),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::cache_known_blocks`] for the request's table.
+    fn cache_table_blocks(
+        pool: &mut BlockPool,
+        table: &mut Table,
+        num_tokens: usize,
+        token_ids: Option<&[i64]>,
+        lora: &LoraInfo,
+    ) -> PoolResult<()> {
         if !pool.config().enable_caching {
             return Ok(());
         }
         let block_size = pool.config().block_size as usize;
-        let Some(table) = self.tables.get_mut(id) else {
-            return Ok(());
-        };
         let block_hashes = if table.hash_width == 0 {
             HashSlice::empty()
         } else {

@@ -27,6 +27,14 @@ impl From<i64> for RequestId {
     }
 }
 
+/// A copy, made only when a map inserts a key it was looked up with
+/// (`HashMap::entry_ref`).
+impl From<&RequestId> for RequestId {
+    fn from(id: &RequestId) -> Self {
+        id.clone()
+    }
+}
+
 impl From<&str> for RequestId {
     fn from(id: &str) -> Self {
         Self::Str(id.into())

@@ -158,13 +158,21 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
         self._events: list[Any] = []
         self.block_pool.kv_event_queue = self._events
-        self._allocate = kvpool.VllmSlotAllocator(
+        self._records_new_block_ids = single.records_new_block_ids
+        self._calls = kvpool.VllmManagerCalls(
             self._tables, self.empty_kv_cache_blocks, KvpoolBlocks, block_ids_of, _WAITING,
             self.watermark_blocks,
         )
+        # The scheduler's per-request calls, bound straight to Rust: no Python frame of
+        # kvpool's on them (the methods below document them and delegate alike).
+        self.get_computed_blocks = self._calls.get_computed_blocks  # type: ignore[method-assign]
+        self.get_blocks = self._calls.get_blocks  # type: ignore[method-assign]
+        self.estimate_cached_tokens = self._calls.estimate_cached_tokens  # type: ignore[method-assign]
+        self.free = self._calls.free  # type: ignore[method-assign]
         if not enable_kv_cache_events:
-            # The scheduler's hottest call with no Python frame of kvpool's.
-            self.allocate_slots = self._allocate  # type: ignore[method-assign]
+            self.allocate_slots = self._calls.allocate_slots  # type: ignore[method-assign]
+        if not (log_stats and enable_caching):
+            self.record_prefix_cache_stats = self._calls.record_no_prefix_cache_stats  # type: ignore[method-assign]
         self._event_metadata = (get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec))
 
     # -- events ------------------------------------------------------------------------------
@@ -213,6 +221,8 @@ class KVCacheManager:
 
     def take_events(self) -> list[Any]:
         """The KV cache events since the last call, as vLLM's event classes."""
+        if not self.enable_kv_cache_events:
+            return []
         self._drain_events()
         events = list(self._events)
         self._events.clear()
@@ -260,13 +270,7 @@ class KVCacheManager:
                             ) -> tuple[KVCacheBlocks, int, int]:
         """The cached blocks of the request's longest cached prefix, their token count, and
         the shared-prefix boundary (always 0 with one group)."""
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
-        ids = self._pool.find_longest_cache_hit(request.block_hashes,
-                                                  max_blocks=max(max_cache_hit_length, 0) // self.block_size)
-        return self._blocks(ids), len(ids) * self.block_size, 0
+        return self._calls.get_computed_blocks(request, max_cache_hit_length)
 
     def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
                                           ) -> tuple[KVCacheBlocks, int, int, bool]:
@@ -274,7 +278,7 @@ class KVCacheManager:
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks."""
-        return self._blocks(self._tables.get_blocks(request_id))
+        return self._calls.get_blocks(request_id)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block ids, per group."""
@@ -286,8 +290,7 @@ class KVCacheManager:
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens covered by the request's cached blocks."""
-        n = self._tables.num_cached_blocks(request.request_id)
-        return (n or 0) * self.block_size
+        return self._calls.estimate_cached_tokens(request)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         return [0]
@@ -298,10 +301,10 @@ class KVCacheManager:
                        ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots``: the new blocks, or ``None`` when they do not fit.
 
-        The work, argument mapping included, is one call of ``kvpool.VllmSlotAllocator``;
+        The work, argument mapping included, is one call of ``kvpool.VllmManagerCalls``;
         without KV events that callable replaces this method on the instance, and with
         them this method only converts the events the call caused."""
-        blocks = self._allocate(request, num_new_tokens, *args, **kwargs)
+        blocks = self._calls.allocate_slots(request, num_new_tokens, *args, **kwargs)
         self._drain_events(request)
         return blocks
 
@@ -314,7 +317,7 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Free the request's blocks, tail first."""
-        self._tables.free(request.request_id)
+        self._calls.free(request)
 
     def pop_blocks_for_free(self, request: Request) -> list[Any]:
         """Forget the request and return its blocks (allocation order) without freeing them."""
@@ -348,6 +351,8 @@ class KVCacheManager:
 
     def take_new_block_ids(self) -> list[int]:
         """Ids of blocks allocated since the last call, for zeroing."""
+        if not self._records_new_block_ids:
+            return []
         return self._tables.take_new_block_ids().tolist()  # type: ignore[no-any-return]
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
