@@ -7,6 +7,10 @@ use kvpool::pool::{
 };
 use proptest::prelude::*;
 
+#[path = "../fuzz/src/lib.rs"]
+#[allow(dead_code)]
+mod harness;
+
 fn manager(num_blocks: u32, block_size: u32, caching: bool) -> KVCacheManager {
     let mut config = ManagerConfig::new(num_blocks, block_size);
     config.enable_caching = caching;
@@ -25,25 +29,15 @@ fn add(m: &mut KVCacheManager, id: i64, tokens: &[i64]) -> RequestId {
     id
 }
 
-/// What a scheduler does for one request, one call at a time.
+/// What a scheduler does for one request, one call at a time (the fuzz harness's
+/// rule, without lookahead).
 fn one_by_one(
     m: &mut KVCacheManager,
     id: &RequestId,
     budget: usize,
     out: &mut Vec<u32>,
 ) -> (bool, usize, usize) {
-    let mut hits = Vec::new();
-    let (mut num_new, mut hit) = (budget, 0);
-    if m.block_ids(id).unwrap().is_empty() && m.num_computed_tokens(id).unwrap() == 0 {
-        hit = m.get_computed_blocks(id, &mut hits).unwrap();
-        num_new = num_new.min(m.num_tokens(id).unwrap() - hit);
-    }
-    let ok = num_new + hit > 0 && m.allocate_slots(id, num_new, hit, &hits, 0, out).unwrap();
-    if ok {
-        (true, num_new, hit)
-    } else {
-        (false, 0, 0)
-    }
+    harness::one_by_one(m, id, budget, 0, out)
 }
 
 #[test]

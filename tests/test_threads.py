@@ -49,6 +49,30 @@ errors, unexpected = [], []
 deadline = time.monotonic() + SECONDS
 
 
+class Req:
+    # A vLLM Request's fields; reading num_tokens runs Python that calls back into kvpool,
+    # so a call that read it under a kvpool lock would deadlock.
+
+    def __init__(self, request_id, block_hashes):
+        self.request_id, self.block_hashes = request_id, block_hashes
+        self.num_computed_tokens, self.n, self.skip_reading_prefix_cache = 0, 50, False
+
+    @property
+    def num_tokens(self):
+        tables.request_ids(), pool.get_usage()
+        return self.n
+
+
+def blocks_of(pool_, ids):
+    # kvpool calls this to build its results: after unlocking, or it would deadlock.
+    tables.request_ids()
+    return ids
+
+
+EMPTY = ()
+calls = kvpool.VllmManagerCalls(tables, EMPTY, blocks_of, list, (), 0)
+
+
 def expect_error(call):
     try:
         call()
@@ -102,6 +126,18 @@ def worker(k):
             tables.allocate_slots(tid, 50, 51, t_hashes, 1)
             expect_error(lambda: tables.allocate_slots(tid, 51, 52, t_hashes, True))
             tables.free(tid)
+            # vLLM's per-request calls, reading a Request whose properties call back.
+            req = Req(f"v{k}-{n}", [bytes([k + 200]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25)
+                                    for i in range(3)])
+            got = calls.allocate_slots(req, 50)
+            assert len(got) == 4 and (calls.get_blocks(req.request_id) == got).all()
+            req.num_computed_tokens, req.n = 50, 51
+            assert calls.allocate_slots(req, 1, num_lookahead_tokens=0) is EMPTY
+            hit, hit_tokens, _ = calls.get_computed_blocks(req)
+            assert hit_tokens == 48 and (hit == got[:3]).all()
+            assert calls.estimate_cached_tokens(req) == 48
+            calls.free(req)
+            expect_error(lambda: calls.free(object()))
             n += 1
     except BaseException as e:  # noqa: BLE001
         errors.append(f"thread {k}: {type(e).__name__}: {e}")

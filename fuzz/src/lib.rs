@@ -422,8 +422,9 @@ fn manager_state(m: &KVCacheManager) -> ManagerState {
     }
 }
 
-/// One request scheduled as `schedule_step` schedules it, with single calls.
-fn one_by_one(
+/// One request scheduled as `schedule_step` schedules it, with single calls (also
+/// the reference of `tests/manager_step.rs`).
+pub fn one_by_one(
     m: &mut KVCacheManager,
     id: &RequestId,
     budget: usize,

@@ -33,29 +33,51 @@ pub struct PyBlockTables {
     pub(super) config: PoolConfig,
 }
 
+/// One `allocate_slots` call's arguments as Python gave them, by name (they share one
+/// type, so a positional list could swap two unnoticed); `None` is an argument's
+/// default. [`PyBlockTables::allocate_into`] converts and checks them.
+pub(super) struct SlotArgs<'a, 'py> {
+    pub request_id: &'a Bound<'py, PyAny>,
+    pub num_computed_tokens: &'a Bound<'py, PyAny>,
+    pub num_tokens: &'a Bound<'py, PyAny>,
+    pub block_hashes: &'a Bound<'py, PyAny>,
+    pub num_new_tokens: &'a Bound<'py, PyAny>,
+    pub num_new_computed_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub new_computed_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub num_lookahead_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub num_external_computed_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub delay_cache_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub full_sequence_must_fit: Option<&'a Bound<'py, PyAny>>,
+    pub reserved_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub watermark_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub token_ids: Option<&'a Bound<'py, PyAny>>,
+}
+
 impl PyBlockTables {
     /// `allocate_slots` with the new block ids appended to `out`; `Ok(false)` when they
     /// do not fit.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn allocate_into<'py>(
         &self,
         py: Python<'py>,
-        request_id: &Bound<'py, PyAny>,
-        num_computed_tokens: &Bound<'py, PyAny>,
-        num_tokens: &Bound<'py, PyAny>,
-        block_hashes: &Bound<'py, PyAny>,
-        num_new_tokens: &Bound<'py, PyAny>,
-        num_new_computed_tokens: Option<&Bound<'py, PyAny>>,
-        new_computed_blocks: Option<&Bound<'py, PyAny>>,
-        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
-        num_external_computed_tokens: Option<&Bound<'py, PyAny>>,
-        delay_cache_blocks: Option<&Bound<'py, PyAny>>,
-        full_sequence_must_fit: Option<&Bound<'py, PyAny>>,
-        reserved_blocks: Option<&Bound<'py, PyAny>>,
-        watermark_blocks: Option<&Bound<'py, PyAny>>,
-        token_ids: Option<&Bound<'py, PyAny>>,
+        args: &SlotArgs<'_, 'py>,
         out: &mut Vec<u32>,
     ) -> PyResult<bool> {
+        let SlotArgs {
+            request_id,
+            num_computed_tokens,
+            num_tokens,
+            block_hashes,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            full_sequence_must_fit,
+            reserved_blocks,
+            watermark_blocks,
+            token_ids,
+        } = *args;
         let id = super::requests::request_id(request_id)?;
         let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
             Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
@@ -199,25 +221,24 @@ impl PyBlockTables {
         watermark_blocks: Option<&Bound<'py, PyAny>>,
         token_ids: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let args = SlotArgs {
+            request_id,
+            num_computed_tokens,
+            num_tokens,
+            block_hashes,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            full_sequence_must_fit,
+            reserved_blocks,
+            watermark_blocks,
+            token_ids,
+        };
         with_scratch(|out| {
-            let ok = self.allocate_into(
-                py,
-                request_id,
-                num_computed_tokens,
-                num_tokens,
-                block_hashes,
-                num_new_tokens,
-                num_new_computed_tokens,
-                new_computed_blocks,
-                num_lookahead_tokens,
-                num_external_computed_tokens,
-                delay_cache_blocks,
-                full_sequence_must_fit,
-                reserved_blocks,
-                watermark_blocks,
-                token_ids,
-                out,
-            )?;
+            let ok = self.allocate_into(py, &args, out)?;
             Ok(ok.then(|| ids_to_numpy(py, out)))
         })
     }

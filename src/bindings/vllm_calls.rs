@@ -10,7 +10,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-use super::block_tables::PyBlockTables;
+use super::block_tables::{PyBlockTables, SlotArgs};
 use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, type_name, with_scratch};
 use super::errors::{error, ErrorKind, IntoPyResult};
 
@@ -144,24 +144,23 @@ impl PyVllmManagerCalls {
             PyTuple::empty(py).into_any()
         };
         with_scratch(|out| {
-            let ok = t.allocate_into(
-                py,
-                &id,
-                &computed,
-                &num_tokens,
-                &hashes,
+            let args = SlotArgs {
+                request_id: &id,
+                num_computed_tokens: &computed,
+                num_tokens: &num_tokens,
+                block_hashes: &hashes,
                 num_new_tokens,
                 num_new_computed_tokens,
-                hits.as_ref(),
+                new_computed_blocks: hits.as_ref(),
                 num_lookahead_tokens,
                 num_external_computed_tokens,
                 delay_cache_blocks,
                 full_sequence_must_fit,
                 reserved_blocks,
-                watermark.as_ref(),
-                None,
-                out,
-            )?;
+                watermark_blocks: watermark.as_ref(),
+                token_ids: None,
+            };
+            let ok = t.allocate_into(py, &args, out)?;
             // No array at all on the common decode step that needs no new block.
             if !ok {
                 Ok(py.None().into_bound(py))

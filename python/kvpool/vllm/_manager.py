@@ -137,14 +137,16 @@ class KVCacheManager:
             enable_caching=enable_caching,
             enable_events=enable_kv_cache_events,
         )
+        # When the engine zeroes new blocks, their ids are kept for take_new_block_ids.
+        zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         self._tables = kvpool.BlockTables(
             self._pool,
             max_model_len=max_model_len,
-            record_new_block_ids=bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)),
+            record_new_block_ids=zeroing,
         )
         self.block_pool = BlockPoolView(self._pool, hash_block_size)
         single = SingleTypeView(self._tables, spec, self.block_pool)
-        single.records_new_block_ids = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        single.records_new_block_ids = zeroing
         retention = kv_cache_config.prefix_cache_retention_interval
         _validate_retention(retention, scheduler_block_size, kv_cache_config)
         self.coordinator = CoordinatorView(self, single, retention)
@@ -158,7 +160,7 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
         self._events: list[Any] = []
         self.block_pool.kv_event_queue = self._events
-        self._records_new_block_ids = single.records_new_block_ids
+        self._records_new_block_ids = zeroing
         self._calls = kvpool.VllmManagerCalls(
             self._tables, self.empty_kv_cache_blocks, KvpoolBlocks, block_ids_of, _WAITING,
             self.watermark_blocks,
