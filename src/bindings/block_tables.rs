@@ -78,14 +78,14 @@ impl PyBlockTables {
             watermark_blocks,
             token_ids,
         } = *args;
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
             Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
         };
         // Only the hashes the tables do not have yet cross (a request's hashes only grow);
         // without prefix caching none is read.
         let known = if self.config.enable_caching && !block_hashes.is_empty().unwrap_or(true) {
-            self.with_tables(py, |t| t.num_known_hashes(&id))
+            self.with_tables(py, |t| t.num_known_hashes(id))
         } else {
             0
         };
@@ -127,7 +127,7 @@ impl PyBlockTables {
             watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
             token_ids,
         };
-        self.with_tables_and_pool(py, |t, p| t.allocate_slots(p, &id, &call, out))
+        self.with_tables_and_pool(py, |t, p| t.allocate_slots(p, id, &call, out))
             .py_err(py)
     }
 
@@ -257,9 +257,9 @@ impl PyBlockTables {
         lora_id: Option<&Bound<'_, PyAny>>,
         lora_name: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let n = int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize;
-        let known = self.with_tables(py, |t| t.num_known_hashes(&id));
+        let known = self.with_tables(py, |t| t.num_known_hashes(id));
         let mut flat = Vec::new();
         let (hashes_from, width) = extract_hashes_after(block_hashes, known, &mut flat)?;
         let mut tokens = Vec::new();
@@ -277,7 +277,7 @@ impl PyBlockTables {
         self.with_tables_and_pool(py, |t, p| {
             t.cache_blocks(
                 p,
-                &id,
+                id,
                 hashes_from,
                 hash_slice_of(&flat, width),
                 n,
@@ -297,13 +297,13 @@ impl PyBlockTables {
         num_tokens: &Bound<'_, PyAny>,
         new_computed_blocks: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let n = int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize;
         let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
             Some(o) => self.ids(o)?,
             None => Vec::new(),
         };
-        Ok(self.with_tables_and_pool(py, |t, p| t.num_blocks_to_allocate(p, &id, n, &hits)))
+        Ok(self.with_tables_and_pool(py, |t, p| t.num_blocks_to_allocate(p, id, n, &hits)))
     }
 
     /// The request's blocks (int32; empty for an unknown request).
@@ -312,9 +312,9 @@ impl PyBlockTables {
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         with_scratch(|out| {
-            self.with_tables(py, |t| out.extend_from_slice(t.blocks(&id)));
+            self.with_tables(py, |t| out.extend_from_slice(t.blocks(id)));
             Ok(ids_to_numpy(py, out))
         })
     }
@@ -325,14 +325,14 @@ impl PyBlockTables {
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<Option<usize>> {
-        let id = super::requests::request_id(request_id)?;
-        Ok(self.with_tables(py, |t| t.num_cached_blocks(&id)))
+        let id = super::requests::request_key(request_id)?;
+        Ok(self.with_tables(py, |t| t.num_cached_blocks(id)))
     }
 
     /// Frees the request's blocks tail first and forgets it (unknown: no-op).
     fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = super::requests::request_id(request_id)?;
-        self.with_tables_and_pool(py, |t, p| t.free(p, &id))
+        let id = super::requests::request_key(request_id)?;
+        self.with_tables_and_pool(py, |t, p| t.free(p, id))
             .py_err(py)
     }
 
@@ -343,8 +343,8 @@ impl PyBlockTables {
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let id = super::requests::request_id(request_id)?;
-        let blocks = self.with_tables(py, |t| t.pop_blocks(&id));
+        let id = super::requests::request_key(request_id)?;
+        let blocks = self.with_tables(py, |t| t.pop_blocks(id));
         Ok(ids_to_numpy(py, &blocks))
     }
 

@@ -5,16 +5,21 @@ use pyo3::types::{PyBool, PyString};
 
 use super::convert::{type_name, utf8_str};
 use super::errors::{error, ErrorKind};
-use crate::pool::RequestId;
+use crate::pool::{RequestId, RequestKey};
 
 /// A request id: a `str` or an `int` (kept distinct).
 pub fn request_id(obj: &Bound<'_, PyAny>) -> PyResult<RequestId> {
+    request_key(obj).map(|key| RequestId::from(&key))
+}
+
+/// A request id borrowed from `obj` (a `str` is not copied), for lookups.
+pub fn request_key<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<RequestKey<'a>> {
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(RequestId::Str(utf8_str(s, "a request id")?.into()));
+        return Ok(RequestKey::Str(utf8_str(s, "a request id")?));
     }
     if !obj.is_instance_of::<PyBool>() {
         if let Ok(i) = obj.extract::<i64>() {
-            return Ok(RequestId::Int(i));
+            return Ok(RequestKey::Int(i));
         }
         if obj.is_instance_of::<pyo3::types::PyInt>() {
             return Err(error(

@@ -212,10 +212,10 @@ impl PyVllmManagerCalls {
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let t = self.tables.get();
         with_scratch(|out| {
-            t.with_tables(py, |tables| out.extend_from_slice(tables.blocks(&id)));
+            t.with_tables(py, |tables| out.extend_from_slice(tables.blocks(id)));
             self.blocks(py, out)
         })
     }
@@ -227,23 +227,23 @@ impl PyVllmManagerCalls {
         py: Python<'_>,
         request: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let id = request_field(request, pyo3::intern!(py, "request_id"))?;
-        let id = super::requests::request_id(&id)?;
+        let id_obj = request_field(request, pyo3::intern!(py, "request_id"))?;
+        let id = super::requests::request_key(&id_obj)?;
         let cached = self
             .tables
             .get()
-            .with_tables(py, |t| t.num_cached_blocks(&id));
+            .with_tables(py, |t| t.num_cached_blocks(id));
         Ok(cached.unwrap_or(0) * self.block_size)
     }
 
     /// ``KVCacheManager.free(request)``: frees the request's blocks tail first and forgets
     /// it (an unknown request: nothing to do).
     fn free(&self, py: Python<'_>, request: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = request_field(request, pyo3::intern!(py, "request_id"))?;
-        let id = super::requests::request_id(&id)?;
+        let id_obj = request_field(request, pyo3::intern!(py, "request_id"))?;
+        let id = super::requests::request_key(&id_obj)?;
         self.tables
             .get()
-            .with_tables_and_pool(py, |t, p| t.free(p, &id))
+            .with_tables_and_pool(py, |t, p| t.free(p, id))
             .py_err(py)
     }
 

@@ -19,7 +19,7 @@ use super::block_pool::{BlockPool, CacheBlocks};
 use super::error::{PoolError, PoolResult};
 use super::hash_key::HashSlice;
 use super::manager::LoraInfo;
-use super::request_id::RequestId;
+use super::request_id::{RequestId, RequestKey};
 use super::slots;
 
 /// One request's blocks, and the block hashes seen so far (a request's hashes only
@@ -138,20 +138,20 @@ impl BlockTables {
     }
 
     /// The request's blocks (empty for an unknown request, as vLLM's tables).
-    pub fn blocks(&self, id: &RequestId) -> &[u32] {
-        self.tables.get(id).map_or(&[], |t| &t.blocks)
+    pub fn blocks(&self, id: RequestKey<'_>) -> &[u32] {
+        self.tables.get(&id).map_or(&[], |t| &t.blocks)
     }
 
     /// How many of the request's blocks are cached (`None`: vLLM does not track it
     /// yet).
-    pub fn num_cached_blocks(&self, id: &RequestId) -> Option<usize> {
-        self.tables.get(id).and_then(|t| t.num_cached)
+    pub fn num_cached_blocks(&self, id: RequestKey<'_>) -> Option<usize> {
+        self.tables.get(&id).and_then(|t| t.num_cached)
     }
 
     /// How many of the request's block hashes the tables hold: a caller passes
     /// `request.block_hashes[n..]` from here on.
-    pub fn num_known_hashes(&self, id: &RequestId) -> usize {
-        self.tables.get(id).map_or(0, Table::num_known_hashes)
+    pub fn num_known_hashes(&self, id: RequestKey<'_>) -> usize {
+        self.tables.get(&id).map_or(0, Table::num_known_hashes)
     }
 
     /// Checks that `hashes`, starting at index `from` of the request's hashes, leave
@@ -159,11 +159,11 @@ impl BlockTables {
     fn check_hashes(
         &self,
         pool: &BlockPool,
-        id: &RequestId,
+        id: RequestKey<'_>,
         from: usize,
         hashes: HashSlice<'_>,
     ) -> PoolResult<()> {
-        Self::check_table_hashes(self.tables.get(id), pool, from, hashes)
+        Self::check_table_hashes(self.tables.get(&id), pool, from, hashes)
     }
 
     /// [`Self::check_hashes`] for the request's table, if it has one.
@@ -225,11 +225,11 @@ impl BlockTables {
     pub fn num_blocks_to_allocate(
         &self,
         pool: &BlockPool,
-        id: &RequestId,
+        id: RequestKey<'_>,
         num_tokens: usize,
         hits: &[u32],
     ) -> usize {
-        Self::table_blocks_to_allocate(self.tables.get(id), pool, num_tokens, hits)
+        Self::table_blocks_to_allocate(self.tables.get(&id), pool, num_tokens, hits)
     }
 
     /// [`Self::num_blocks_to_allocate`] for the request's table, if it has one.
@@ -252,13 +252,13 @@ impl BlockTables {
     pub fn allocate_slots(
         &mut self,
         pool: &mut BlockPool,
-        id: &RequestId,
+        id: RequestKey<'_>,
         call: &SlotCall<'_>,
         out: &mut Vec<u32>,
     ) -> PoolResult<bool> {
         let hits = call.new_computed_blocks.unwrap_or(&[]);
         // One lookup to check and size the call, one to change the table.
-        let table = self.tables.get(id);
+        let table = self.tables.get(&id);
         Self::check_table_hashes(table, pool, call.hashes_from, call.block_hashes)?;
         if call.num_new_tokens == 0
             && call.num_external_computed_tokens == 0
@@ -313,7 +313,7 @@ impl BlockTables {
             return Ok(false);
         }
         // From here on nothing fails: the ids are checked and the blocks fit.
-        let table = self.tables.entry_ref(id).or_default();
+        let table = self.tables.entry_ref(&id).or_default();
         Self::learn_hashes(table, call.hashes_from, call.block_hashes);
         let adopt = adopting && table.num_cached.is_none();
         if adopt {
@@ -363,7 +363,7 @@ impl BlockTables {
     pub fn cache_blocks(
         &mut self,
         pool: &mut BlockPool,
-        id: &RequestId,
+        id: RequestKey<'_>,
         hashes_from: usize,
         block_hashes: HashSlice<'_>,
         num_tokens: usize,
@@ -371,7 +371,7 @@ impl BlockTables {
         lora: &LoraInfo,
     ) -> PoolResult<()> {
         self.check_hashes(pool, id, hashes_from, block_hashes)?;
-        if let Some(table) = self.tables.get_mut(id) {
+        if let Some(table) = self.tables.get_mut(&id) {
             Self::learn_hashes(table, hashes_from, block_hashes);
         }
         self.cache_known_blocks(pool, id, num_tokens, token_ids, lora)
@@ -382,12 +382,12 @@ impl BlockTables {
     fn cache_known_blocks(
         &mut self,
         pool: &mut BlockPool,
-        id: &RequestId,
+        id: RequestKey<'_>,
         num_tokens: usize,
         token_ids: Option<&[i64]>,
         lora: &LoraInfo,
     ) -> PoolResult<()> {
-        match self.tables.get_mut(id) {
+        match self.tables.get_mut(&id) {
             Some(table) => Self::cache_table_blocks(pool, table, num_tokens, token_ids, lora),
             None => Ok(()),
         }
@@ -437,19 +437,22 @@ impl BlockTables {
 
     /// vLLM's `pop_blocks_for_free`: forgets the request and hands its blocks
     /// over, in allocation order, without freeing them.
-    pub fn pop_blocks(&mut self, id: &RequestId) -> Vec<u32> {
-        self.tables.remove(id).map(|t| t.blocks).unwrap_or_default()
+    pub fn pop_blocks(&mut self, id: RequestKey<'_>) -> Vec<u32> {
+        self.tables
+            .remove(&id)
+            .map(|t| t.blocks)
+            .unwrap_or_default()
     }
 
     /// vLLM's `free`: frees the request's blocks tail first and forgets it (an
     /// unknown request is a no-op, as in vLLM).
-    pub fn free(&mut self, pool: &mut BlockPool, id: &RequestId) -> PoolResult<()> {
-        let Some(table) = self.tables.remove(id) else {
+    pub fn free(&mut self, pool: &mut BlockPool, id: RequestKey<'_>) -> PoolResult<()> {
+        let Some(table) = self.tables.remove(&id) else {
             return Ok(());
         };
         // A refused free changed nothing in the pool; keep the table as it was too.
         pool.free_blocks_reversed(&table.blocks)
-            .inspect_err(|_| drop(self.tables.insert(id.clone(), table)))
+            .inspect_err(|_| drop(self.tables.insert(RequestId::from(&id), table)))
     }
 
     /// Ids of blocks allocated since the last call (empty unless recording).
@@ -507,8 +510,8 @@ mod tests {
         (0..n).flat_map(|i| [i as u8 + 1; 8]).collect()
     }
 
-    fn rid(i: i64) -> RequestId {
-        RequestId::Int(i)
+    fn rid(i: i64) -> RequestKey<'static> {
+        RequestKey::Int(i)
     }
 
     #[test]
@@ -517,12 +520,12 @@ mod tests {
         let h = hashes(2);
         let call = SlotCall::new(0, 10, HashSlice::new(&h, 8).unwrap(), 10);
         let mut out = Vec::new();
-        assert!(t.allocate_slots(&mut p, &rid(1), &call, &mut out).unwrap());
+        assert!(t.allocate_slots(&mut p, rid(1), &call, &mut out).unwrap());
         assert_eq!(out, vec![1, 2, 3]);
-        assert_eq!(t.num_cached_blocks(&rid(1)), Some(2));
+        assert_eq!(t.num_cached_blocks(rid(1)), Some(2));
         assert_eq!(p.num_cached_blocks(), 2);
         assert_eq!(t.take_new_block_ids(), vec![1, 2, 3]);
-        t.free(&mut p, &rid(1)).unwrap();
+        t.free(&mut p, rid(1)).unwrap();
         // Tail first: the uncached block 3 goes to the front, the cached ones to the back.
         let free: Vec<u32> = p.free_block_ids().collect();
         assert_eq!(&free[..1], &[3]);
@@ -536,7 +539,7 @@ mod tests {
         let h = hashes(2);
         let slice = HashSlice::new(&h, 8).unwrap();
         let mut out = Vec::new();
-        t.allocate_slots(&mut p, &rid(1), &SlotCall::new(0, 9, slice, 9), &mut out)
+        t.allocate_slots(&mut p, rid(1), &SlotCall::new(0, 9, slice, 9), &mut out)
             .unwrap();
         let mut hits = Vec::new();
         p.find_longest_cache_hit(slice, 0, Some(2), &mut hits)
@@ -548,13 +551,13 @@ mod tests {
             ..SlotCall::new(0, 9, slice, 1)
         };
         out.clear();
-        assert!(t.allocate_slots(&mut p, &rid(2), &call, &mut out).unwrap());
+        assert!(t.allocate_slots(&mut p, rid(2), &call, &mut out).unwrap());
         assert_eq!(out.len(), 1);
-        assert_eq!(t.blocks(&rid(2))[..2], [1, 2]);
+        assert_eq!(t.blocks(rid(2))[..2], [1, 2]);
         assert_eq!(p.ref_count(1).unwrap(), 2);
         // Running now: new hits are refused and nothing changes.
         let before: Vec<u32> = p.ref_counts().collect();
-        assert!(t.allocate_slots(&mut p, &rid(2), &call, &mut out).is_err());
+        assert!(t.allocate_slots(&mut p, rid(2), &call, &mut out).is_err());
         assert_eq!(before, p.ref_counts().collect::<Vec<_>>());
         t.check_invariants(&p).unwrap();
     }
@@ -567,27 +570,27 @@ mod tests {
             full_sequence_must_fit: true,
             ..SlotCall::new(0, 40, HashSlice::empty(), 4)
         };
-        assert!(!t.allocate_slots(&mut p, &rid(1), &full, &mut out).unwrap());
+        assert!(!t.allocate_slots(&mut p, rid(1), &full, &mut out).unwrap());
         let reserved = SlotCall {
             reserved_blocks: 2,
             ..SlotCall::new(0, 12, HashSlice::empty(), 12)
         };
         assert!(!t
-            .allocate_slots(&mut p, &rid(1), &reserved, &mut out)
+            .allocate_slots(&mut p, rid(1), &reserved, &mut out)
             .unwrap());
         let watermark = SlotCall {
             watermark_blocks: 1,
             ..SlotCall::new(0, 16, HashSlice::empty(), 16)
         };
         assert!(!t
-            .allocate_slots(&mut p, &rid(1), &watermark, &mut out)
+            .allocate_slots(&mut p, rid(1), &watermark, &mut out)
             .unwrap());
-        assert!(out.is_empty() && t.blocks(&rid(1)).is_empty());
+        assert!(out.is_empty() && t.blocks(rid(1)).is_empty());
         assert_eq!(p.num_free_blocks(), 4);
         assert!(t
             .allocate_slots(
                 &mut p,
-                &rid(1),
+                rid(1),
                 &SlotCall::new(0, 16, HashSlice::empty(), 0),
                 &mut out
             )
@@ -602,9 +605,9 @@ mod tests {
             ..SlotCall::new(0, 12, HashSlice::empty(), 4)
         };
         let mut out = Vec::new();
-        assert!(t.allocate_slots(&mut p, &rid(1), &call, &mut out).unwrap());
+        assert!(t.allocate_slots(&mut p, rid(1), &call, &mut out).unwrap());
         assert_eq!(out, vec![3]);
-        assert_eq!(t.blocks(&rid(1)), &[1, 2, 3]);
+        assert_eq!(t.blocks(rid(1)), &[1, 2, 3]);
     }
 
     #[test]
@@ -613,16 +616,16 @@ mod tests {
         let h = hashes(3);
         let mut out = Vec::new();
         let first = SlotCall::new(0, 8, HashSlice::new(&h[..16], 8).unwrap(), 8);
-        t.allocate_slots(&mut p, &rid(1), &first, &mut out).unwrap();
-        assert_eq!(t.num_known_hashes(&rid(1)), 2);
+        t.allocate_slots(&mut p, rid(1), &first, &mut out).unwrap();
+        assert_eq!(t.num_known_hashes(rid(1)), 2);
         // The third hash alone, from index 2; then a repeat with overlap is skipped.
         let third = HashSlice::new(&h[16..], 8).unwrap();
-        t.cache_blocks(&mut p, &rid(1), 2, third, 8, None, &LoraInfo::default())
+        t.cache_blocks(&mut p, rid(1), 2, third, 8, None, &LoraInfo::default())
             .unwrap();
-        assert_eq!(t.num_known_hashes(&rid(1)), 3);
+        assert_eq!(t.num_known_hashes(rid(1)), 3);
         t.cache_blocks(
             &mut p,
-            &rid(1),
+            rid(1),
             0,
             HashSlice::new(&h, 8).unwrap(),
             8,
@@ -630,15 +633,15 @@ mod tests {
             &LoraInfo::default(),
         )
         .unwrap();
-        assert_eq!(t.num_known_hashes(&rid(1)), 3);
+        assert_eq!(t.num_known_hashes(rid(1)), 3);
         assert!(t
-            .cache_blocks(&mut p, &rid(1), 5, third, 8, None, &LoraInfo::default())
+            .cache_blocks(&mut p, rid(1), 5, third, 8, None, &LoraInfo::default())
             .is_err());
         let other = [9u8; 16];
         assert!(t
             .cache_blocks(
                 &mut p,
-                &rid(1),
+                rid(1),
                 3,
                 HashSlice::new(&other, 16).unwrap(),
                 8,

@@ -37,7 +37,7 @@ pub use hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
 pub use key_hasher::KeyHasher;
 pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use prefix_map::PrefixMap;
-pub use request_id::RequestId;
+pub use request_id::{RequestId, RequestKey};
 pub use slab::{BlockMeta, Slab, NIL};
 pub use stats::PrefixCacheStats;
 pub use step::{StepOutcome, StepRequest};
