@@ -39,7 +39,8 @@ pub struct PyBlockTables {
 pub(super) struct SlotArgs<'a, 'py> {
     pub request_id: &'a Bound<'py, PyAny>,
     pub num_computed_tokens: &'a Bound<'py, PyAny>,
-    pub num_tokens: &'a Bound<'py, PyAny>,
+    /// `None`: not read (allowed when [`SlotCall::needs_num_tokens`] is false).
+    pub num_tokens: Option<&'a Bound<'py, PyAny>>,
     pub block_hashes: &'a Bound<'py, PyAny>,
     pub num_new_tokens: &'a Bound<'py, PyAny>,
     pub num_new_computed_tokens: Option<&'a Bound<'py, PyAny>>,
@@ -106,7 +107,10 @@ impl PyBlockTables {
         let call = SlotCall {
             num_computed_tokens: int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)?
                 as usize,
-            num_tokens: int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize,
+            num_tokens: match num_tokens {
+                Some(n) => Some(int_arg(n, "num_tokens", 0, i64::MAX)? as usize),
+                None => None,
+            },
             block_hashes: hash_slice_of(&flat, width),
             hashes_from,
             num_new_tokens: int_arg(num_new_tokens, "num_new_tokens", 0, i64::MAX)? as usize,
@@ -224,7 +228,7 @@ impl PyBlockTables {
         let args = SlotArgs {
             request_id,
             num_computed_tokens,
-            num_tokens,
+            num_tokens: Some(num_tokens),
             block_hashes,
             num_new_tokens,
             num_new_computed_tokens,

@@ -13,6 +13,7 @@ use pyo3::types::{PyString, PyTuple};
 use super::block_tables::{PyBlockTables, SlotArgs};
 use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, type_name, with_scratch};
 use super::errors::{error, ErrorKind, IntoPyResult};
+use crate::pool::SlotCall;
 
 /// ``VllmManagerCalls(tables, empty_blocks, blocks_class, block_ids_of, waiting_statuses,
 /// watermark_blocks)``: vLLM's per-request ``KVCacheManager`` calls over ``tables``.
@@ -136,8 +137,14 @@ impl PyVllmManagerCalls {
         let field = |name: &Bound<'py, PyString>| request_field(request, name);
         let id = field(pyo3::intern!(py, "request_id"))?;
         let computed = field(pyo3::intern!(py, "num_computed_tokens"))?;
-        let num_tokens = field(pyo3::intern!(py, "num_tokens"))?;
         let t = tables.get();
+        // `Request.num_tokens` is a Python property: read only when the call needs it.
+        let must_fit = opt_bool_arg(full_sequence_must_fit, "full_sequence_must_fit", false)?;
+        let num_tokens = if SlotCall::needs_num_tokens(t.config.enable_caching, must_fit) {
+            Some(field(pyo3::intern!(py, "num_tokens"))?)
+        } else {
+            None
+        };
         let hashes = if t.config.enable_caching {
             field(pyo3::intern!(py, "block_hashes"))?
         } else {
@@ -147,7 +154,7 @@ impl PyVllmManagerCalls {
             let args = SlotArgs {
                 request_id: &id,
                 num_computed_tokens: &computed,
-                num_tokens: &num_tokens,
+                num_tokens: num_tokens.as_ref(),
                 block_hashes: &hashes,
                 num_new_tokens,
                 num_new_computed_tokens,

@@ -48,8 +48,10 @@ impl Table {
 pub struct SlotCall<'a> {
     /// `request.num_computed_tokens`.
     pub num_computed_tokens: usize,
-    /// `request.num_tokens` (prompt and output tokens so far).
-    pub num_tokens: usize,
+    /// `request.num_tokens` (prompt and output tokens so far); `None` when the caller
+    /// did not read it, which only a call that does not need it may do
+    /// ([`SlotCall::needs_num_tokens`]).
+    pub num_tokens: Option<usize>,
     /// `request.block_hashes[hashes_from..]`: the caller may leave out the hashes
     /// the tables already have ([`BlockTables::num_known_hashes`]).
     pub block_hashes: HashSlice<'a>,
@@ -79,6 +81,12 @@ pub struct SlotCall<'a> {
 }
 
 impl<'a> SlotCall<'a> {
+    /// Whether a call reads `num_tokens`: only to cache the request's full blocks
+    /// (a pool with prefix caching) and for the full-sequence gate.
+    pub fn needs_num_tokens(enable_caching: bool, full_sequence_must_fit: bool) -> bool {
+        enable_caching || full_sequence_must_fit
+    }
+
     /// A call for `num_new_tokens` with no hits, lookahead, connector or gates.
     pub fn new(
         num_computed_tokens: usize,
@@ -88,7 +96,7 @@ impl<'a> SlotCall<'a> {
     ) -> Self {
         Self {
             num_computed_tokens,
-            num_tokens,
+            num_tokens: Some(num_tokens),
             block_hashes,
             hashes_from: 0,
             num_new_tokens,
@@ -257,6 +265,17 @@ impl BlockTables {
         out: &mut Vec<u32>,
     ) -> PoolResult<bool> {
         let hits = call.new_computed_blocks.unwrap_or(&[]);
+        let needs_tokens =
+            SlotCall::needs_num_tokens(pool.config().enable_caching, call.full_sequence_must_fit);
+        let num_tokens = match call.num_tokens {
+            Some(n) => n,
+            None if !needs_tokens => 0, // read by nothing below
+            None => {
+                return Err(PoolError::InvalidArgument(
+                    "num_tokens is needed with prefix caching or full_sequence_must_fit".into(),
+                ))
+            }
+        };
         // One lookup to check and size the call, one to change the table.
         let table = self.tables.get(&id);
         Self::check_table_hashes(table, pool, call.hashes_from, call.block_hashes)?;
@@ -297,8 +316,7 @@ impl BlockTables {
             .min(max_len);
         let free = pool.num_free_blocks() as i128;
         if call.full_sequence_must_fit {
-            let need =
-                Self::table_blocks_to_allocate(table, pool, call.num_tokens.min(max_len), hits);
+            let need = Self::table_blocks_to_allocate(table, pool, num_tokens.min(max_len), hits);
             if (need + call.watermark_blocks) as i128 > free {
                 return Ok(false);
             }
@@ -342,9 +360,7 @@ impl BlockTables {
             ids.extend_from_slice(&table.blocks[first_new..]);
         }
         if !call.delay_cache_blocks {
-            let num_tokens = total
-                .saturating_add(call.num_new_tokens)
-                .min(call.num_tokens);
+            let num_tokens = total.saturating_add(call.num_new_tokens).min(num_tokens);
             Self::cache_table_blocks(
                 pool,
                 table,
@@ -512,6 +528,25 @@ mod tests {
 
     fn rid(i: i64) -> RequestKey<'static> {
         RequestKey::Int(i)
+    }
+
+    #[test]
+    fn num_tokens_may_be_left_out_only_where_nothing_reads_it() {
+        let (mut t, mut p) = tables(16);
+        let mut call = SlotCall::new(0, 10, HashSlice::empty(), 10);
+        call.num_tokens = None;
+        let mut out = Vec::new();
+        assert!(t.allocate_slots(&mut p, rid(1), &call, &mut out).is_err());
+        assert!(out.is_empty() && t.blocks(rid(1)).is_empty());
+        let mut config = PoolConfig::new(16);
+        config.block_size = BS as u32;
+        config.enable_caching = false;
+        let mut p = BlockPool::new(config).unwrap();
+        assert!(t.allocate_slots(&mut p, rid(1), &call, &mut out).unwrap());
+        assert_eq!(out, vec![1, 2, 3]);
+        call.full_sequence_must_fit = true;
+        assert!(t.allocate_slots(&mut p, rid(2), &call, &mut out).is_err());
+        t.check_invariants(&p).unwrap();
     }
 
     #[test]
