@@ -554,21 +554,20 @@ def test_errors_change_nothing(Manager: Any, case: str, error: type[BaseExceptio
 
 
 UNCACHED_TOKEN_ERRORS: list[tuple[str, Any]] = [
-    ("a str in the prompt", lambda m: m.add_request("new", [1, "2", 3])),
-    ("a float in the prompt", lambda m: m.add_request("new", (1, 2.5))),
-    ("None in the prompt", lambda m: m.add_request("new", [None])),
     ("a float array prompt", lambda m: m.add_request("new", np.array([1.0, 2.0]))),
     ("a 2-D prompt", lambda m: m.add_request("new", np.array([[1, 2]]))),
     ("a str as the prompt", lambda m: m.add_request("new", "abc")),
-    ("a str among appended tokens", lambda m: m.append_token_ids("a", [1, "x"])),
+    ("None as the prompt", lambda m: m.add_request("new", None)),
+    ("a float in an iterated prompt", lambda m: m.add_request("new", iter([1, 2.5]))),
     ("a float array appended", lambda m: m.append_token_ids("a", np.array([1.5]))),
+    ("an int appended, not a sequence", lambda m: m.append_token_ids("a", 7)),
 ]
 
 
 @pytest.mark.parametrize(("case", "call"), UNCACHED_TOKEN_ERRORS, ids=[c[0] for c in UNCACHED_TOKEN_ERRORS])
 def test_token_ids_are_checked_without_caching(Manager: Any, case: str, call: Any) -> None:
     """Without prefix caching the manager keeps only token counts, but still rejects
-    token ids that are not integers, changing nothing."""
+    what is not a sequence of integers, changing nothing."""
     m = Manager(10, 4, enable_caching=False)
     m.add_request("a", [1, 2, 3])
     m.allocate_slots("a", 3)
@@ -577,6 +576,20 @@ def test_token_ids_are_checked_without_caching(Manager: Any, case: str, call: An
         call(m)
     assert snapshot(m) == before
     m.check_invariants()
+
+
+def test_lists_are_only_counted_without_caching(Manager: Any) -> None:
+    """Without prefix caching nothing reads token values, so a list or tuple is counted in
+    O(1) and its items are not inspected (with caching on the same prompts are refused)."""
+    m = Manager(10, 4, enable_caching=False)
+    m.add_request("a", [1, "2", 3])
+    m.append_token_ids("a", (None, 2.5))
+    assert m.get_num_tokens("a") == 5
+    cached = Manager(10, 4)
+    for call in (lambda: cached.add_request("b", [1, "2", 3]), lambda: cached.add_request("c", (1, 2.5))):
+        with pytest.raises(DtypeError):
+            call()
+    assert len(cached) == 0
 
 
 def test_token_counts_without_caching(Manager: Any) -> None:

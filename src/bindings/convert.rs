@@ -523,10 +523,12 @@ pub fn with_i64s<R>(
 }
 
 /// How many token ids `obj` holds, for a caller that reads no values (a manager
-/// without prefix caching). A 1-D numpy integer array is only measured, a list or
-/// tuple of plain `int`s only type-checked; anything else (numpy scalars, floats,
-/// other iterables) is converted, and so checked, by [`extract_i64s`]. Plain ints
-/// are not range-checked here: their values are never read.
+/// without prefix caching). Nothing reads the values, so none is inspected: a
+/// 1-D numpy integer array is measured (its dtype checked), a list or tuple only
+/// counted, in O(1). Touching 700 `int` objects to type-check them costs about
+/// 0.9 µs per prompt, most of the manager's time per request, for values the
+/// manager never reads (vLLM does not inspect them either). Anything else
+/// (iterables, buffers) is converted, and so checked, by [`extract_i64s`].
 pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     if let Some(copy) = aligned_copy(obj, what)? {
         return count_tokens(&copy, what);
@@ -538,17 +540,11 @@ pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
         }
         return Err(dtype_error(obj, what));
     }
-    let all_ints = if let Ok(list) = obj.cast::<PyList>() {
-        list.iter().all(|item| item.is_exact_instance_of::<PyInt>())
-    } else if let Ok(tuple) = obj.cast::<PyTuple>() {
-        tuple
-            .iter()
-            .all(|item| item.is_exact_instance_of::<PyInt>())
-    } else {
-        false
-    };
-    if all_ints {
-        return obj.len();
+    if let Ok(list) = obj.cast::<PyList>() {
+        return Ok(list.len());
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return Ok(tuple.len());
     }
     let mut values = Vec::new();
     extract_i64s(obj, what, &mut values)?;

@@ -44,6 +44,13 @@ pub fn extract_extras(
         o.filter(|o| !o.is_none())
     }
     let mut extras = SequenceExtras::default();
+    if [lora, cache_salt, mm_features, prompt_embed_digests]
+        .iter()
+        .all(|o| some(*o).is_none())
+    {
+        // The common case: no extra keys, and no tag strings to look up.
+        return Ok(extras);
+    }
     let mut objects = ObjectIds::new(py);
     if let Some(lora) = some(lora) {
         let pair = lora

@@ -228,7 +228,7 @@ class KVCacheManager:
         rid = as_request_id(request_id)
         extras = as_request_extras(lora, cache_salt, mm_features, prompt_embed_digests)
         lora_int = as_opt_int_arg(lora_id, "lora_id")
-        tokens = as_int_list(prompt_token_ids, "prompt_token_ids")
+        tokens = self._token_ids(prompt_token_ids, "prompt_token_ids")
         if rid in self._requests:
             raise DuplicateRequestError(f"request id {rid!r} is already tracked")
         if not tokens:
@@ -243,8 +243,16 @@ class KVCacheManager:
     def append_token_ids(self, request_id: RequestId, token_ids: Any) -> None:
         """Append generated (or newly known) tokens; the blocks they fill get hashed."""
         rid = as_request_id(request_id)
-        tokens = as_int_list(token_ids, "token_ids")
+        tokens = self._token_ids(token_ids, "token_ids")
         self._append(self._get(rid), tokens)
+
+    def _token_ids(self, values: Any, name: str) -> list[int]:
+        """Token ids as the manager takes them: checked and kept with prefix caching on;
+        without it nothing reads their values, so a list or tuple is only counted (its
+        items are not inspected) and zeros stand in for them."""
+        if not self.pool.enable_caching and isinstance(values, (list, tuple)):
+            return [0] * len(values)
+        return as_int_list(values, name)
 
     def append_token_ids_many(self, request_ids: Sequence[RequestId], token_ids: Any, offsets: Any = None) -> None:
         """Segment ``i`` of ``token_ids`` (cut by ``offsets``; one token each when None) goes to
