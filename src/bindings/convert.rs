@@ -85,6 +85,19 @@ fn dtype_error(obj: &Bound<'_, PyAny>, what: &str) -> PyErr {
     )
 }
 
+/// Appends a 1-D array's elements to `out` in logical order: one copy (a
+/// contiguous array is copied as a slice, a strided view through an owned copy),
+/// without rust-numpy's borrow tracking, which takes a global lock and allocates
+/// on every call. The copy happens under the GIL, so nothing writes the array
+/// meanwhile.
+fn append_array<T: numpy::Element + Copy>(arr: &Bound<'_, PyArray1<T>>, out: &mut Vec<T>) {
+    match arr.to_vec() {
+        Ok(v) if out.is_empty() => *out = v,
+        Ok(v) => out.extend_from_slice(&v),
+        Err(_) => out.extend(arr.to_owned_array().iter().copied()),
+    }
+}
+
 /// Integers of any width from `obj` (a 1-D numpy integer array or a sequence of
 /// ints), appended to `out` as `i64`.
 pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> PyResult<()> {
@@ -92,18 +105,13 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
         return extract_i64s(&copy, what, out);
     }
     if let Ok(arr) = obj.cast::<PyArray1<i64>>() {
-        let ro = arr.try_readonly().map_err(|_| dtype_error(obj, what))?;
-        match ro.as_slice() {
-            Ok(s) => out.extend_from_slice(s),
-            Err(_) => out.extend(ro.as_array().iter().copied()),
-        }
+        append_array(arr, out);
         return Ok(());
     }
     if let Ok(arr) = obj.cast::<PyArray1<i32>>() {
-        let ro = arr.try_readonly().map_err(|_| dtype_error(obj, what))?;
-        match ro.as_slice() {
-            Ok(s) => out.extend(s.iter().map(|&v| v as i64)),
-            Err(_) => out.extend(ro.as_array().iter().map(|&v| v as i64)),
+        match arr.to_vec() {
+            Ok(v) => out.extend(v.iter().map(|&v| i64::from(v))),
+            Err(_) => out.extend(arr.to_owned_array().iter().map(|&v| i64::from(v))),
         }
         return Ok(());
     }
@@ -142,14 +150,14 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
     if let Ok(list) = obj.cast::<PyList>() {
         out.reserve(list.len());
         for item in list.iter() {
-            out.push(item_i64(&item, obj, what)?);
+            out.push(plain_int(&item).map_or_else(|| item_i64(&item, obj, what), Ok)?);
         }
         return Ok(());
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         out.reserve(tuple.len());
-        for item in tuple.iter() {
-            out.push(item_i64(&item, obj, what)?);
+        for item in tuple.as_slice() {
+            out.push(plain_int(item).map_or_else(|| item_i64(item, obj, what), Ok)?);
         }
         return Ok(());
     }
@@ -226,7 +234,19 @@ pub fn aligned_copy<'py>(
     Ok(Some(copy))
 }
 
-#[inline]
+/// The value of a plain `int` that fits in 64 bits: the token-id fast path, one
+/// type check and one conversion. Anything else is left to [`item_i64`].
+#[inline(always)]
+fn plain_int(item: &Bound<'_, PyAny>) -> Option<i64> {
+    if item.is_exact_instance_of::<PyInt>() {
+        item.extract::<i64>().ok()
+    } else {
+        None
+    }
+}
+
+#[cold]
+#[inline(never)]
 fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
     // Plain ints (and numpy ints, via __index__) succeed at once; bools are ints to
     // Python but never ids or counts; floats and str have no __index__, so they fail
@@ -469,8 +489,7 @@ pub fn extract_u64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<u64>) -> P
         return extract_u64s(&copy, what, out);
     }
     if let Ok(arr) = obj.cast::<PyArray1<u64>>() {
-        let ro = arr.try_readonly().map_err(|_| dtype_error(obj, what))?;
-        out.extend(ro.as_array().iter().copied());
+        append_array(arr, out);
         return Ok(());
     }
     let mut wide = Vec::new();
