@@ -48,11 +48,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+# numpy's OpenBLAS threads can spin on a core (nothing here calls BLAS); on a two-core
+# machine they compete with the timed thread. Set before numpy is imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import kvpool
-from kvpool.bench import churn_keys as bench_churn_keys
-from kvpool.simulate import replay as kvpool_replay
+import numpy as np  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.bench import churn_keys as bench_churn_keys  # noqa: E402
+from kvpool.simulate import replay as kvpool_replay  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "vllm_blockpool_peer.py"
