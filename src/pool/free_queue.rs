@@ -40,37 +40,6 @@ pub struct FrontBatch {
     next: usize,
 }
 
-/// A [`FrontBatch`]'s entries on the stack, from [`FreeQueue::front_slots`];
-/// dropping it records the blocks put in the batch.
-pub struct FrontSlots<'a> {
-    stack: &'a mut [u32],
-    next: usize,
-    batch: &'a mut FrontBatch,
-}
-
-impl FrontSlots<'_> {
-    /// Puts block `id`, uncached and just released (whose metadata is `meta`), below
-    /// the ones already put in the batch, leaving it free with count 0. At most the
-    /// batch's `max` blocks may be put.
-    #[inline(always)]
-    pub fn put(&mut self, meta: &mut BlockMeta, id: u32) {
-        self.next -= 1;
-        self.stack[self.next] = id;
-        *meta = BlockMeta {
-            ref_cnt: 0,
-            prev: self.next as u32,
-            next: STACKED,
-            key_slot: NIL,
-        };
-    }
-}
-
-impl Drop for FrontSlots<'_> {
-    fn drop(&mut self) {
-        self.batch.next = self.next;
-    }
-}
-
 /// The sizes of the queue's parts, for the invariant walk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueParts {
@@ -190,8 +159,6 @@ impl FreeQueue {
         debug_assert!(n <= self.len());
         out.reserve(n);
         let in_use = BlockMeta::in_use();
-        // Indexed as a local slice, so that its address stays in a register.
-        let metas = slab.metas_mut();
         let mut left = n;
         // 1. The stack, top first.
         if left > 0 && self.stack_live > 0 {
@@ -202,7 +169,7 @@ impl FreeQueue {
                 let popped = &self.stack[start..];
                 out.extend(popped.iter().rev());
                 for &id in popped {
-                    metas[id as usize] = in_use;
+                    *slab.get_mut(id) = in_use;
                 }
                 self.stack.truncate(start);
             } else {
@@ -210,7 +177,7 @@ impl FreeQueue {
                 while taken < take {
                     let id = self.stack.pop().unwrap_or(NIL);
                     if id != NIL {
-                        metas[id as usize] = in_use;
+                        *slab.get_mut(id) = in_use;
                         out.push(id);
                         taken += 1;
                     }
@@ -224,7 +191,7 @@ impl FreeQueue {
         while left > 0 && self.fresh_live > 0 {
             let id = self.fresh_next;
             self.fresh_next += 1;
-            let meta = &mut metas[id as usize];
+            let meta = slab.get_mut(id);
             if meta.next == FRESH {
                 *meta = in_use;
                 out.push(id);
@@ -241,7 +208,7 @@ impl FreeQueue {
             let mut id = self.head;
             for _ in 0..left {
                 out.push(id);
-                let meta = &mut metas[id as usize];
+                let meta = slab.get_mut(id);
                 let next = meta.next;
                 meta.ref_cnt = 1;
                 meta.prev = NIL;
@@ -252,7 +219,7 @@ impl FreeQueue {
             if id == NIL {
                 self.tail = NIL;
             } else {
-                metas[id as usize].prev = NIL;
+                slab.get_mut(id).prev = NIL;
             }
             self.list_len -= left as u32;
         }
@@ -260,7 +227,7 @@ impl FreeQueue {
     }
 
     /// Opens room for up to `max` uncached blocks at the head, put there one by one
-    /// through [`front_slots`](Self::front_slots) (the first put becomes the head) and
+    /// with [`put_front`](Self::put_front) (the first put becomes the head) and
     /// committed by [`finish_front`](Self::finish_front) or dropped, with every batch
     /// since a mark, by [`rewind_front`](Self::rewind_front). This is how a free call queues its
     /// blocks in the same pass that drops their counts.
@@ -275,17 +242,19 @@ impl FreeQueue {
         }
     }
 
-    /// The stack entries `batch` fills, borrowed apart from the queue: a loop that
-    /// puts many blocks through the returned [`FrontSlots`] keeps the entries'
-    /// address and bounds in registers, where a method on the queue would reload
-    /// them after every write to the slab.
-    #[inline]
-    pub fn front_slots<'a>(&'a mut self, batch: &'a mut FrontBatch) -> FrontSlots<'a> {
-        FrontSlots {
-            stack: &mut self.stack[..batch.end],
-            next: batch.next,
-            batch,
-        }
+    /// Puts block `id`, uncached and just released (whose metadata is `meta`), below
+    /// the ones already put in `batch`, leaving it free with count 0. At most the
+    /// batch's `max` blocks may be put.
+    #[inline(always)]
+    pub fn put_front(&mut self, batch: &mut FrontBatch, meta: &mut BlockMeta, id: u32) {
+        batch.next -= 1;
+        self.stack[batch.next] = id;
+        *meta = BlockMeta {
+            ref_cnt: 0,
+            prev: batch.next as u32,
+            next: STACKED,
+            key_slot: NIL,
+        };
     }
 
     /// Commits `batch`: its blocks are now the head of the queue, the first put on top.
@@ -439,11 +408,9 @@ mod tests {
     /// Puts uncached free blocks at the head, `ids[0]` on top, as a free call does.
     fn push_front(q: &mut FreeQueue, slab: &mut Slab, ids: &[u32]) {
         let mut batch = q.reserve_front(ids.len());
-        let mut slots = q.front_slots(&mut batch);
         for &id in ids {
-            slots.put(slab.get_mut(id), id);
+            q.put_front(&mut batch, slab.get_mut(id), id);
         }
-        drop(slots);
         q.finish_front(slab, batch);
     }
 

@@ -87,24 +87,20 @@ impl BlockPool {
     ) -> Result<(), (usize, u32)> {
         let caching = self.config.enable_caching;
         let skip_null = self.config.null_block;
-        // Borrowed apart, so that the loop keeps every address in a register.
-        let metas = self.slab.metas_mut();
-        let mut front = self.queue.front_slots(batch);
-        let to_tail = &mut self.to_tail;
         for (processed, id) in ids.enumerate() {
             if skip_null && id == 0 {
                 continue;
             }
-            let meta = &mut metas[id as usize];
+            let meta = self.slab.get_mut(id);
             match meta.ref_cnt {
                 0 => return Err((processed, id)),
                 1 if caching && meta.is_cached() => {
                     meta.ref_cnt = 0;
-                    to_tail.push(id);
+                    self.to_tail.push(id);
                 }
                 // Uncached: straight onto the free queue's stack, below the blocks
                 // this call put there before.
-                1 => front.put(meta, id),
+                1 => self.queue.put_front(batch, meta, id),
                 _ => meta.ref_cnt -= 1,
             }
         }

@@ -104,13 +104,6 @@ impl Slab {
         &mut self.metas[id as usize]
     }
 
-    /// All metadata in block-id order, mutably: for loops over many blocks, which
-    /// index the slice they hold instead of calling [`get_mut`](Self::get_mut).
-    #[inline]
-    pub fn metas_mut(&mut self) -> &mut [BlockMeta] {
-        &mut self.metas
-    }
-
     /// All metadata in block-id order.
     pub fn iter(&self) -> impl Iterator<Item = &BlockMeta> {
         self.metas.iter()
