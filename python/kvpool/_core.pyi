@@ -291,6 +291,70 @@ class BlockTables:
     def check_invariants(self) -> None: ...
 
 @final
+class GroupTables:
+    """Block tables for the KV-cache groups of a hybrid model (full attention, sliding window,
+    chunked local) over one ``BlockPool``, whose counters and hashes the caller owns."""
+
+    def __new__(
+        cls,
+        pool: BlockPool,
+        groups: Sequence[str | tuple[str] | tuple[str, int]],
+        *,
+        max_model_len: int,
+        max_in_flight_tokens: int | None = None,
+        retention_interval: int | None = None,
+        record_new_block_ids: bool | None = None,
+    ) -> GroupTables: ...
+    @property
+    def pool(self) -> BlockPool: ...
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def groups(self) -> tuple[tuple[str, int | None], ...]: ...
+    def find_longest_cache_hit(
+        self, block_hashes: _HashesLike, max_length: int
+    ) -> tuple[tuple[_BlockIds, ...], int, int]: ...
+    def allocate_slots(
+        self,
+        request_id: _RequestId,
+        num_computed_tokens: int,
+        num_tokens: int,
+        num_prompt_tokens: int,
+        block_hashes: _HashesLike,
+        num_new_tokens: int,
+        num_new_computed_tokens: int | None = None,
+        new_computed_blocks: Sequence[_IdsLike] | None = None,
+        num_lookahead_tokens: int | None = None,
+        num_external_computed_tokens: int | None = None,
+        delay_cache_blocks: bool | None = None,
+        full_sequence_must_fit: bool | None = None,
+        reserved_blocks: int | None = None,
+        watermark_blocks: int | None = None,
+        token_ids: _IdsLike | None = None,
+        num_in_flight_tokens: int | None = None,
+        shared_prefix_boundary: int | None = None,
+    ) -> tuple[_BlockIds, ...] | None: ...
+    def cache_blocks(
+        self,
+        request_id: _RequestId,
+        block_hashes: _HashesLike,
+        num_tokens: int,
+        num_prompt_tokens: int,
+        *,
+        shared_prefix_boundary: int | None = None,
+        token_ids: _IdsLike | None = None,
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+    ) -> None: ...
+    def remove_skipped_blocks(self, request_id: _RequestId, processed_tokens: int) -> None: ...
+    def get_blocks(self, request_id: _RequestId) -> tuple[_BlockIds, ...]: ...
+    def num_cached_blocks(self, request_id: _RequestId, group: int) -> int | None: ...
+    def free(self, request_id: _RequestId) -> None: ...
+    def take_new_block_ids(self) -> _BlockIds: ...
+    def request_ids(self) -> tuple[_RequestId, ...]: ...
+    def check_invariants(self) -> None: ...
+
+@final
 class VllmManagerCalls:
     """vLLM 0.33's per-request ``KVCacheManager`` calls, each one Rust call (for ``kvpool.vllm``)."""
 

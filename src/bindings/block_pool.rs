@@ -348,6 +348,7 @@ impl PyBlockPool {
             token_ids: tokens.as_deref(),
             lora_id,
             lora_name: lora_name.as_deref(),
+            block_mask: None,
         };
         self.with_pool(py, |pool| pool.cache_full_blocks(call))
             .py_err(py)

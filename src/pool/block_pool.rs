@@ -76,6 +76,10 @@ pub struct CacheBlocks<'a> {
     pub lora_id: Option<i64>,
     /// LoRA adapter name for the event.
     pub lora_name: Option<&'a str>,
+    /// Which of the new blocks (`num_cached_blocks..num_full_blocks`) to cache:
+    /// `None` caches them all; a masked-out block is skipped as the null block is
+    /// (a sliding-window group's blocks that no hit can use, `retention.rs`).
+    pub block_mask: Option<&'a [bool]>,
 }
 
 impl<'a> CacheBlocks<'a> {
@@ -95,7 +99,14 @@ impl<'a> CacheBlocks<'a> {
             token_ids: None,
             lora_id: None,
             lora_name: None,
+            block_mask: None,
         }
+    }
+
+    /// Whether the `i`-th new block (from `num_cached_blocks`) is to be cached.
+    #[inline]
+    fn wanted(&self, i: usize) -> bool {
+        self.block_mask.is_none_or(|m| m[i])
     }
 }
 
@@ -338,6 +349,15 @@ impl BlockPool {
         if !block_hashes.is_empty() {
             self.check_hash_width(block_hashes.width())?;
         }
+        if let Some(mask) = call.block_mask {
+            if mask.len() != num_full_blocks - num_cached_blocks {
+                return Err(PoolError::InvalidArgument(format!(
+                    "block_mask has {} entries for {} new full blocks",
+                    mask.len(),
+                    num_full_blocks - num_cached_blocks
+                )));
+            }
+        }
         let block_size = self.config.block_size as usize;
         if let Some(tokens) = call.token_ids {
             if tokens.len() < num_full_blocks * block_size {
@@ -352,7 +372,7 @@ impl BlockPool {
         }
         let new_blocks = &block_ids[num_cached_blocks..num_full_blocks];
         for (i, &id) in new_blocks.iter().enumerate() {
-            if self.is_null(id) {
+            if self.is_null(id) || !call.wanted(i) {
                 continue;
             }
             let meta = *self.slab.get(id);
@@ -364,7 +384,7 @@ impl BlockPool {
                 None
             };
             if let Some(reason) = problem {
-                self.uncache(&new_blocks[..i]);
+                self.uncache(&new_blocks[..i], &call);
                 return Err(PoolError::BlockState {
                     block_id: id,
                     reason,
@@ -381,7 +401,7 @@ impl BlockPool {
             let hashes = new_blocks
                 .iter()
                 .enumerate()
-                .filter(|(_, &id)| !self.is_null(id))
+                .filter(|&(i, &id)| !self.is_null(id) && call.wanted(i))
                 .map(|(i, _)| block_hashes.block_hash(num_cached_blocks + i))
                 .collect();
             let token_ids = call
@@ -403,10 +423,11 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Rolls back a partial `cache_full_blocks`: drops the keys just given to `ids`.
-    fn uncache(&mut self, ids: &[u32]) {
-        for &id in ids {
-            if self.is_null(id) {
+    /// Rolls back a partial `cache_full_blocks`: drops the keys just given to `ids`
+    /// (the first new blocks of `call`).
+    fn uncache(&mut self, ids: &[u32], call: &CacheBlocks<'_>) {
+        for (i, &id) in ids.iter().enumerate() {
+            if self.is_null(id) || !call.wanted(i) {
                 continue;
             }
             let slot = std::mem::replace(&mut self.slab.get_mut(id).key_slot, NIL);
@@ -414,6 +435,13 @@ impl BlockPool {
                 self.map.remove(slot);
             }
         }
+    }
+
+    /// The first-inserted block cached under `hash` in `group`, if any (a hash of
+    /// another width than the pool's simply misses).
+    #[inline]
+    pub fn cached_block(&self, hash: BlockHash, group: u32) -> Option<u32> {
+        self.map.get(&BlockHashKey::new(hash, group))
     }
 
     /// The first-inserted block cached under `hash` in `group`, if any.

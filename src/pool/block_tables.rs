@@ -18,28 +18,20 @@ use hashbrown::HashMap;
 use super::block_pool::{BlockPool, CacheBlocks};
 use super::error::{PoolError, PoolResult};
 use super::hash_key::HashSlice;
+use super::known_hashes::KnownHashes;
 use super::manager::LoraInfo;
 use super::request_id::{RequestId, RequestKey};
 use super::slots;
 
-/// One request's blocks, and the block hashes seen so far (a request's hashes only
-/// grow, so each crosses from the caller once).
+/// One request's blocks, and the block hashes seen so far.
 #[derive(Clone, Debug, Default)]
 struct Table {
     blocks: Vec<u32>,
-    hashes: Vec<u8>,
-    hash_width: usize,
+    hashes: KnownHashes,
     /// vLLM's `num_cached_block[request_id]`: `None` until the request adopts its
     /// prefix hits or first caches a block. A request with `Some` is running and
     /// takes no new hits.
     num_cached: Option<usize>,
-}
-
-impl Table {
-    /// How many of the request's hashes the table holds.
-    fn num_known_hashes(&self) -> usize {
-        self.hashes.len().checked_div(self.hash_width).unwrap_or(0)
-    }
 }
 
 /// One `allocate_slots` call: the request's state as the caller holds it, and
@@ -159,7 +151,7 @@ impl BlockTables {
     /// How many of the request's block hashes the tables hold: a caller passes
     /// `request.block_hashes[n..]` from here on.
     pub fn num_known_hashes(&self, id: RequestKey<'_>) -> usize {
-        self.tables.get(&id).map_or(0, Table::num_known_hashes)
+        self.tables.get(&id).map_or(0, |t| t.hashes.len())
     }
 
     /// Checks that `hashes`, starting at index `from` of the request's hashes, leave
@@ -171,56 +163,7 @@ impl BlockTables {
         from: usize,
         hashes: HashSlice<'_>,
     ) -> PoolResult<()> {
-        Self::check_table_hashes(self.tables.get(&id), pool, from, hashes)
-    }
-
-    /// [`Self::check_hashes`] for the request's table, if it has one.
-    fn check_table_hashes(
-        table: Option<&Table>,
-        pool: &BlockPool,
-        from: usize,
-        hashes: HashSlice<'_>,
-    ) -> PoolResult<()> {
-        let known = table.map_or(0, Table::num_known_hashes);
-        if let Some(w) = pool.hash_width() {
-            if !hashes.is_empty() && hashes.width() != w {
-                return Err(PoolError::HashWidth {
-                    expected: Some(w),
-                    got: hashes.width(),
-                });
-            }
-        }
-        if from > known {
-            return Err(PoolError::InvalidArgument(format!(
-                "block hashes from index {from} leave a gap: the tables hold {known}"
-            )));
-        }
-        if let Some(t) = table {
-            if t.hash_width != 0 && !hashes.is_empty() && hashes.width() != t.hash_width {
-                return Err(PoolError::HashWidth {
-                    expected: Some(t.hash_width),
-                    got: hashes.width(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Appends the hashes past the known ones (those at `from..`).
-    fn learn_hashes(table: &mut Table, from: usize, hashes: HashSlice<'_>) {
-        if hashes.is_empty() {
-            return;
-        }
-        if table.hash_width == 0 {
-            table.hash_width = hashes.width();
-        }
-        let known = table.hashes.len() / table.hash_width;
-        let skip = known - from; // from <= known was checked
-        if skip < hashes.len() {
-            table
-                .hashes
-                .extend_from_slice(&hashes.as_bytes()[skip * table.hash_width..]);
-        }
+        KnownHashes::check(self.tables.get(&id).map(|t| &t.hashes), pool, from, hashes)
     }
 
     /// Requests with a table.
@@ -278,7 +221,12 @@ impl BlockTables {
         };
         // One lookup to check and size the call, one to change the table.
         let table = self.tables.get(&id);
-        Self::check_table_hashes(table, pool, call.hashes_from, call.block_hashes)?;
+        KnownHashes::check(
+            table.map(|t| &t.hashes),
+            pool,
+            call.hashes_from,
+            call.block_hashes,
+        )?;
         if call.num_new_tokens == 0
             && call.num_external_computed_tokens == 0
             && call.num_new_computed_tokens == 0
@@ -332,7 +280,7 @@ impl BlockTables {
         }
         // From here on nothing fails: the ids are checked and the blocks fit.
         let table = self.tables.entry_ref(&id).or_default();
-        Self::learn_hashes(table, call.hashes_from, call.block_hashes);
+        table.hashes.learn(call.hashes_from, call.block_hashes);
         let adopt = adopting && table.num_cached.is_none();
         if adopt {
             if !hits.is_empty() {
@@ -388,7 +336,7 @@ impl BlockTables {
     ) -> PoolResult<()> {
         self.check_hashes(pool, id, hashes_from, block_hashes)?;
         if let Some(table) = self.tables.get_mut(&id) {
-            Self::learn_hashes(table, hashes_from, block_hashes);
+            table.hashes.learn(hashes_from, block_hashes);
         }
         self.cache_known_blocks(pool, id, num_tokens, token_ids, lora)
     }
@@ -421,11 +369,7 @@ impl BlockTables {
             return Ok(());
         }
         let block_size = pool.config().block_size as usize;
-        let block_hashes = if table.hash_width == 0 {
-            HashSlice::empty()
-        } else {
-            HashSlice::new(&table.hashes, table.hash_width)?
-        };
+        let block_hashes = table.hashes.as_slice();
         let num_cached = table.num_cached.unwrap_or(0);
         let num_full =
             (num_tokens.min(block_hashes.len() * block_size) / block_size).min(table.blocks.len());
@@ -445,6 +389,7 @@ impl BlockTables {
             },
             lora_id: lora.id,
             lora_name: lora.name.as_deref(),
+            block_mask: None,
         };
         pool.cache_full_blocks(call)?;
         table.num_cached = Some(num_full);

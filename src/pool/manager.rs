@@ -438,6 +438,7 @@ impl KVCacheManager {
             token_ids: pool.config().enable_events.then(|| request.seq.tokens()),
             lora_id: request.lora.id,
             lora_name: request.lora.name.as_deref(),
+            block_mask: None,
         };
         pool.cache_full_blocks(call)?;
         request.num_cached_blocks = num_full;

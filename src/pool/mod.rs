@@ -2,7 +2,9 @@
 //!
 //! Arrows point one way: `manager` -> `tracker` -> `block_pool` -> (`free_queue`,
 //! `prefix_map`, `slab`, `events`); `block_tables` (the caller-owned variant of the
-//! manager, for vLLM's scheduler) -> `block_pool`; both managers -> `slots`;
+//! manager, for vLLM's scheduler) -> `block_pool`; `group_tables` (the same for
+//! several KV-cache groups) -> `group_hits`, `retention`, `kv_groups`,
+//! `block_pool`; the managers and tables -> `slots`, `known_hashes`;
 //! `hashing`, `hash_key`, `request_id` and `error` are leaves. Nothing here knows
 //! Python exists.
 
@@ -11,14 +13,19 @@ mod block_tables;
 mod error;
 mod events;
 mod free_queue;
+mod group_hits;
+mod group_tables;
 mod hash_key;
 pub mod hashing;
 mod invariants;
 mod key_hasher;
+mod known_hashes;
+mod kv_groups;
 mod manager;
 mod prefix_map;
 mod release;
 mod request_id;
+mod retention;
 mod slab;
 mod slots;
 mod stats;
@@ -33,11 +40,15 @@ pub use block_tables::{BlockTables, SlotCall};
 pub use error::{PoolError, PoolResult};
 pub use events::PoolEvent;
 pub use free_queue::{FreeQueue, FrontBatch, Place, QueueParts};
+pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};
+pub use group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
 pub use hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
 pub use key_hasher::KeyHasher;
+pub use kv_groups::{AttentionKind, GroupSpec, KvGroups, SpecGroup};
 pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use prefix_map::PrefixMap;
 pub use request_id::{RequestId, RequestKey};
+pub use retention::{reachable_block_mask, replay_boundary};
 pub use slab::{BlockMeta, Slab, NIL};
 pub use stats::PrefixCacheStats;
 pub use step::{StepOutcome, StepRequest};

@@ -1,0 +1,81 @@
+//! A request's block hashes as the caller's tables have seen them: vLLM's
+//! `Request.block_hashes` only grows, so each hash crosses from the caller once
+//! and later calls pass only the new ones (`request.block_hashes[n..]`).
+
+use super::block_pool::BlockPool;
+use super::error::{PoolError, PoolResult};
+use super::hash_key::HashSlice;
+
+/// The hashes known so far, back to back, and their width (0 before the first).
+#[derive(Clone, Debug, Default)]
+pub struct KnownHashes {
+    bytes: Vec<u8>,
+    width: usize,
+}
+
+impl KnownHashes {
+    /// How many hashes are known.
+    pub fn len(&self) -> usize {
+        self.bytes.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    /// The known hashes as a slice.
+    pub fn as_slice(&self) -> HashSlice<'_> {
+        if self.width == 0 {
+            HashSlice::empty()
+        } else {
+            // Whole digests of one width by construction.
+            HashSlice::new(&self.bytes, self.width).unwrap_or_else(|_| HashSlice::empty())
+        }
+    }
+
+    /// Checks that `hashes`, starting at index `from` of the request's hashes,
+    /// leave no gap after the `known` ones and have the width of the pool and of
+    /// the known ones.
+    pub fn check(
+        known: Option<&Self>,
+        pool: &BlockPool,
+        from: usize,
+        hashes: HashSlice<'_>,
+    ) -> PoolResult<()> {
+        if let Some(w) = pool.hash_width() {
+            if !hashes.is_empty() && hashes.width() != w {
+                return Err(PoolError::HashWidth {
+                    expected: Some(w),
+                    got: hashes.width(),
+                });
+            }
+        }
+        let len = known.map_or(0, Self::len);
+        if from > len {
+            return Err(PoolError::InvalidArgument(format!(
+                "block hashes from index {from} leave a gap: the tables hold {len}"
+            )));
+        }
+        if let Some(k) = known {
+            if k.width != 0 && !hashes.is_empty() && hashes.width() != k.width {
+                return Err(PoolError::HashWidth {
+                    expected: Some(k.width),
+                    got: hashes.width(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the hashes past the known ones (`hashes` starts at index `from`,
+    /// which [`Self::check`] has accepted).
+    pub fn learn(&mut self, from: usize, hashes: HashSlice<'_>) {
+        if hashes.is_empty() {
+            return;
+        }
+        if self.width == 0 {
+            self.width = hashes.width();
+        }
+        let skip = self.len() - from;
+        if skip < hashes.len() {
+            self.bytes
+                .extend_from_slice(&hashes.as_bytes()[skip * self.width..]);
+        }
+    }
+}

@@ -1,0 +1,251 @@
+"""``kvpool.GroupTables`` against vLLM 0.33's own ``KVCacheManager`` over its hybrid
+coordinator (``HybridKVCacheCoordinator`` with ``FullAttentionManager``,
+``SlidingWindowManager`` and ``ChunkedLocalAttentionManager``), step by step.
+
+Each random workload admits requests that share prefixes, looks up their prefix hits,
+prefills them in chunks, decodes, lets the pool run short (refused allocations),
+finishes requests and resets the prefix cache now and then; both sides get the same
+calls. After every call the hit (per-group blocks, tokens, shared-prefix boundary), the
+allocation (per-group new blocks or a refusal), every live request's per-group table,
+the free-block count and the KV events must be equal. Layouts: Gemma-style five
+sliding-window groups of 1,024 tokens beside one full group, gpt-oss-style alternating
+128-token windows and full attention, chunked local attention beside full attention;
+retention off (dense) and on (sparse segments, and replay boundaries only).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+import kvpool  # noqa: E402
+
+LAYOUTS: dict[str, tuple[int, list[Any]]] = {
+    "gemma 5x swa1024 + full": (16, [("sliding_window", 1024)] * 5 + ["full"]),
+    "gpt-oss swa128 / full": (16, [("sliding_window", 128), "full", ("sliding_window", 128), "full"]),
+    "chunked local 64 + full": (16, [("chunked_local", 64), "full"]),
+    "small windows": (4, [("sliding_window", 12), "full", ("sliding_window", 9)]),
+}
+
+
+def vllm_manager(block_size: int, groups: list[Any], num_blocks: int, retention: int | None,
+                 max_model_len: int, caching: bool) -> Any:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+
+    common = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    specs = []
+    for g in groups:
+        if g == "full":
+            specs.append(FullAttentionSpec(**common))
+        elif g[0] == "sliding_window":
+            specs.append(SlidingWindowSpec(**common, sliding_window=g[1]))
+        else:
+            specs.append(ChunkedLocalAttentionSpec(**common, attention_chunk_size=g[1]))
+    config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
+        prefix_cache_retention_interval=retention,
+    )
+    return KVCacheManager(config, max_model_len=max_model_len, scheduler_block_size=block_size,
+                          hash_block_size=block_size, enable_caching=caching, enable_kv_cache_events=True)
+
+
+def make_request(rid: str, prompt: list[int], block_size: int) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    params = SamplingParams(max_tokens=10_000)
+    params.update_from_generation_config({}, eos_token_id=100_000)
+    return Request(request_id=rid, prompt_token_ids=prompt, mm_features=None, sampling_params=params,
+                   pooling_params=None, lora_request=None, cache_salt=None,
+                   block_hasher=get_request_block_hasher(block_size, sha256))
+
+
+def ids(blocks: Any) -> list[list[int]]:
+    """vLLM's per-group blocks (KVCacheBlocks or a tuple of lists) as ids."""
+    groups = blocks.blocks if hasattr(blocks, "blocks") else blocks
+    return [[b.block_id for b in g] for g in groups]
+
+
+def vllm_events(events: list[Any]) -> list[tuple[Any, ...]]:
+    out = []
+    for e in events:
+        name = type(e).__name__
+        if name == "BlockStored":
+            out.append((name, list(e.block_hashes), e.parent_block_hash, list(e.token_ids), e.block_size,
+                        e.group_idx))
+        elif name == "BlockRemoved":
+            out.append((name, list(e.block_hashes), e.group_idx))
+        else:
+            out.append((name,))
+    return out
+
+
+def as_int(h: bytes | None) -> int | None:
+    return None if h is None else int.from_bytes(h[-8:], "big")
+
+
+def kvpool_events(events: list[Any]) -> list[tuple[Any, ...]]:
+    out = []
+    for e in events:
+        name = type(e).__name__
+        if name == "BlockStored":
+            out.append((name, [as_int(h) for h in e.block_hashes], as_int(e.parent_block_hash), list(e.token_ids),
+                        e.block_size, e.group_idx))
+        elif name == "BlockRemoved":
+            out.append((name, [as_int(h) for h in e.block_hashes], e.group_idx))
+        else:
+            out.append((name,))
+    return out
+
+
+#: What the workloads exercised, so that a test that compares nothing cannot pass.
+SEEN = {"hit_tokens": 0, "null_hit_blocks": 0, "refused": 0, "window_frees": 0, "stored": 0, "removed": 0}
+
+
+class Pair:
+    """vLLM's manager and kvpool's tables, fed the same calls, compared after each."""
+
+    def __init__(self, block_size: int, groups: list[Any], num_blocks: int, retention: int | None,
+                 caching: bool, max_model_len: int) -> None:
+        self.block_size = block_size
+        self.vllm = vllm_manager(block_size, groups, num_blocks, retention, max_model_len, caching)
+        self.pool = kvpool.BlockPool(num_blocks, block_size=block_size, enable_caching=caching,
+                                     enable_events=True, null_block=True)
+        self.tables = kvpool.GroupTables(self.pool, groups, max_model_len=max_model_len,
+                                         retention_interval=retention)
+        self.caching = caching
+        self.steps = 0
+
+    def hit(self, req: Any) -> tuple[Any, list[list[int]] | None, int]:
+        theirs, n, boundary = self.vllm.get_computed_blocks(req)
+        if not self.caching or req.skip_reading_prefix_cache:
+            ours_blocks, ours_n, uncached = [[] for _ in ids(theirs)], 0, 0
+        else:
+            blocks, ours_n, uncached = self.tables.find_longest_cache_hit(req.block_hashes, req.num_tokens - 1)
+            ours_blocks = [b.tolist() for b in blocks]
+        ours_boundary = ours_n + uncached if uncached else 0
+        assert (ids(theirs), n, boundary) == (ours_blocks, ours_n, ours_boundary), req.request_id
+        SEEN["hit_tokens"] += n
+        SEEN["null_hit_blocks"] += sum(b == 0 for g in ours_blocks for b in g)
+        req.shared_prefix_boundary = boundary
+        # vLLM's empty sentinel (no group has a block) adopts nothing: None for kvpool.
+        return theirs, ours_blocks if any(ours_blocks) else None, n
+
+    def allocate(self, req: Any, num_new: int, hit: tuple[Any, list[list[int]] | None, int] | None) -> bool:
+        kwargs: dict[str, Any] = {}
+        ours_kwargs: dict[str, Any] = {}
+        if hit is not None:
+            theirs_blocks, ours_blocks, n = hit
+            kwargs = dict(num_new_computed_tokens=n, new_computed_blocks=theirs_blocks)
+            ours_kwargs = dict(num_new_computed_tokens=n, new_computed_blocks=ours_blocks)
+        theirs = self.vllm.allocate_slots(req, num_new, **kwargs)
+        ours = self.tables.allocate_slots(
+            req.request_id, req.num_computed_tokens, req.num_tokens, req.num_prompt_tokens, req.block_hashes,
+            num_new, shared_prefix_boundary=req.shared_prefix_boundary,
+            token_ids=req.all_token_ids, **ours_kwargs)
+        assert (theirs is None) == (ours is None), (req.request_id, theirs, ours)
+        SEEN["refused"] += theirs is None
+        if theirs is not None:
+            assert ids(theirs) == [o.tolist() for o in ours], req.request_id
+        self.steps += 1
+        return theirs is not None
+
+    def free(self, req: Any) -> None:
+        self.vllm.free(req)
+        self.tables.free(req.request_id)
+
+    def reset(self) -> None:
+        assert self.vllm.reset_prefix_cache() == self.pool.reset_prefix_cache()
+
+    def compare(self, live: list[Any]) -> None:
+        for req in live:
+            theirs = [list(g) for g in self.vllm.get_block_ids(req.request_id)]
+            ours = [g.tolist() for g in self.tables.get_blocks(req.request_id)]
+            assert theirs == ours, req.request_id
+            SEEN["window_frees"] += sum(b == 0 for g in ours for b in g)
+        assert self.vllm.block_pool.get_num_free_blocks() == self.pool.get_num_free_blocks()
+        events = vllm_events(self.vllm.take_events())
+        assert events == kvpool_events(self.pool.take_events())
+        SEEN["stored"] += sum(e[0] == "BlockStored" for e in events)
+        SEEN["removed"] += sum(e[0] == "BlockRemoved" for e in events)
+        self.tables.check_invariants()
+
+
+def run(seed: int, layout: str, retention_choice: str) -> int:
+    rng = random.Random(seed)
+    block_size, groups = LAYOUTS[layout]
+    windows = [g[1] for g in groups if g != "full"]
+    span = max(windows + [4 * block_size])
+    retention = {"dense": None, "replay only": 0, "segments": block_size * rng.choice([2, 4, 8])}[retention_choice]
+    if not any(g != "full" and g[0] == "sliding_window" for g in groups) and retention:
+        retention = None
+    caching = rng.random() < 0.9
+    num_blocks = rng.randint(len(groups) * 4, len(groups) * (3 * span // block_size + 8))
+    pair = Pair(block_size, groups, num_blocks, retention, caching, max_model_len=8 * span)
+    prefixes = [[rng.randrange(50_000) for _ in range(rng.randint(0, 2 * span))] for _ in range(3)]
+    waiting: list[Any] = []
+    running: list[Any] = []
+    next_id = 0
+    for _ in range(rng.randint(8, 30)):
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            prompt = rng.choice(prefixes) + [rng.randrange(50_000) for _ in range(rng.randint(1, span))]
+            if rng.random() < 0.2 and running:
+                prompt = list(rng.choice(running).prompt_token_ids)  # an exact resend
+            waiting.append(make_request(f"r{next_id}", prompt, block_size))
+            next_id += 1
+        # Decode the running requests (one token each), then admit and prefill waiting ones.
+        for req in list(running):
+            if req.num_computed_tokens < req.num_tokens:
+                num_new = min(req.num_tokens - req.num_computed_tokens, rng.choice([block_size, span]))
+            else:
+                req.append_output_token_ids(rng.randrange(50_000))
+                num_new = 1
+            if pair.allocate(req, num_new, None):
+                req.num_computed_tokens += num_new
+            else:
+                pair.free(req)
+                running.remove(req)
+        for req in list(waiting):
+            hit = pair.hit(req)
+            chunk = min(req.num_tokens - hit[2], rng.choice([block_size, span, 4 * span]))
+            if pair.allocate(req, chunk, hit):
+                req.num_computed_tokens = hit[2] + chunk
+                waiting.remove(req)
+                running.append(req)
+        for req in list(running):
+            if rng.random() < 0.15:
+                pair.free(req)
+                running.remove(req)
+        if rng.random() < 0.05 and not running:
+            pair.reset()
+        pair.compare(running)
+    for req in running:
+        pair.free(req)
+    pair.compare([])
+    return pair.steps
+
+
+@pytest.mark.parametrize("retention", ["dense", "replay only", "segments"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_group_tables_match_vllm(layout: str, retention: str) -> None:
+    before = dict(SEEN)
+    steps = sum(run(seed, layout, retention) for seed in range(12))
+    seen = {k: SEEN[k] - before[k] for k in SEEN}
+    assert steps > 100 and all(seen.values()), seen
