@@ -403,6 +403,38 @@ impl PyBlockPool {
         Ok(ids_to_numpy(py, &out))
     }
 
+    /// Give block ``block_id`` the key ``(block_hash, group_id)``, or take its key away
+    /// (``block_hash=None``), where it is: no event, no move in the free queue. For
+    /// ``kvpool.vllm``'s view of vLLM's ``cached_block_hash_to_block`` dict, which vLLM's
+    /// tests edit; not for engines.
+    #[pyo3(signature = (block_id, block_hash, group_id=None))]
+    fn _set_block_hash(
+        &self,
+        py: Python<'_>,
+        block_id: &Bound<'_, PyAny>,
+        block_hash: Option<&Bound<'_, PyAny>>,
+        group_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = self.one_id(block_id)?;
+        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+        let key = match block_hash.filter(|h| !h.is_none()) {
+            None => None,
+            Some(h) => {
+                let bytes = h.cast::<PyBytes>().map_err(|_| {
+                    error(
+                        py,
+                        ErrorKind::Dtype,
+                        format!("block_hash must be bytes, got {}", type_name(h)),
+                    )
+                })?;
+                let hash = pool::BlockHash::new(bytes.as_bytes()).py_err(py)?;
+                Some(pool::BlockHashKey::new(hash, group))
+            }
+        };
+        self.with_pool(py, |pool| pool.set_block_key(id, key))
+            .py_err(py)
+    }
+
     /// Drop the cached hash of each block, in use or not; frees nothing.
     fn evict_blocks(&self, py: Python<'_>, block_ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = self.ids(block_ids)?;

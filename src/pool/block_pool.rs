@@ -488,6 +488,54 @@ impl BlockPool {
         Ok(())
     }
 
+    /// Gives block `id` the prefix-cache key `key`, or takes its key away (`None`),
+    /// where it is: no event, no move in the free queue. This is what editing vLLM's
+    /// `cached_block_hash_to_block` dict does, which vLLM's own tests do to fake an
+    /// eviction and undo it (`kvpool.vllm`'s views). A key goes only to a block
+    /// without one that is in use or free in the queue's list; an uncached free block
+    /// (on the queue's stack or fresh) has no place for one.
+    pub fn set_block_key(&mut self, id: u32, key: Option<BlockHashKey>) -> PoolResult<()> {
+        if !self.config.enable_caching {
+            return Err(PoolError::CachingDisabled);
+        }
+        self.check_ids(&[id])?;
+        if self.is_null(id) {
+            return Err(PoolError::BlockState {
+                block_id: id,
+                reason: "is the null block",
+            });
+        }
+        let meta = *self.slab.get(id);
+        let Some(key) = key else {
+            if meta.key_slot != NIL {
+                self.map.remove(meta.key_slot);
+                self.slab.get_mut(id).key_slot = NIL;
+            }
+            return Ok(());
+        };
+        self.check_hash_width(key.hash.as_bytes().len())?;
+        if meta.is_cached() {
+            return Err(PoolError::BlockState {
+                block_id: id,
+                reason: "already holds a block hash",
+            });
+        }
+        if meta.ref_cnt == 0
+            && super::free_queue::Place::of(&meta) != super::free_queue::Place::List
+        {
+            return Err(PoolError::BlockState {
+                block_id: id,
+                reason: "is free and uncached: it has no place in the queue for a key",
+            });
+        }
+        let slot = self.map.insert(key, id);
+        self.slab.get_mut(id).key_slot = slot;
+        if self.hash_width.is_none() {
+            self.hash_width = Some(key.hash.as_bytes().len());
+        }
+        Ok(())
+    }
+
     /// Clears the whole prefix cache if no block is in use; returns whether it did.
     pub fn reset_prefix_cache(&mut self) -> bool {
         if self.num_used_blocks() > 0 {

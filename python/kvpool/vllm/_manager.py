@@ -6,10 +6,12 @@ scheduler owns) and delegates to ``kvpool.BlockTables``, where the allocation ru
 Results are ``KVCacheBlocks`` whose ``get_block_ids()`` hands the ids over directly.
 
 Covered: one full-attention KV-cache group with ``hash_block_size == block_size``, with or
-without prefix caching, stats, watermark, reserved blocks, external (connector) tokens and
-delayed caching. Everything else (several groups, sliding window, Mamba, encoder caches,
-eagle, context parallelism, hisparse, KV events, a metrics collector) is built by vLLM's
-own class instead, and logged once per reason.
+without prefix caching, stats, watermark, reserved blocks, external (connector) tokens,
+delayed caching and KV events; and, through ``kvpool.vllm._hybrid`` on
+``kvpool.GroupTables``, several groups of full, sliding-window and chunked-local attention of
+one block size. Everything else (Mamba, encoder caches, groups of different block sizes,
+eagle, context parallelism, hisparse, a metrics collector) is built by vLLM's own class
+instead, and logged once per reason.
 """
 
 from __future__ import annotations
@@ -53,16 +55,11 @@ _LOGGED: set[str] = set()
 def unsupported_reason(kv_cache_config: KVCacheConfig, scheduler_block_size: int, hash_block_size: int,
                        options: dict[str, Any]) -> str | None:
     """Why kvpool does not cover this configuration, or ``None`` when it does."""
+    from kvpool.vllm._hybrid import groups_unsupported_reason
+
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        return f"{len(groups)} KV-cache groups"
-    spec = groups[0].kv_cache_spec
-    if type(spec) is not FullAttentionSpec:
-        return f"a {type(spec).__name__} group"
-    if getattr(spec, "dcp_sharded", False) and options.get("dcp_world_size", 1) > 1:
-        return "decode context parallelism"
-    if not spec.block_size == scheduler_block_size == hash_block_size:
-        return "hash_block_size or scheduler_block_size differing from the block size"
+    if not groups:
+        return "no KV-cache groups"
     if options.get("use_eagle"):
         return "eagle"
     if options.get("num_hash_lookahead_tokens", 0) or options.get("num_prefill_lookahead", 0) > 1:
@@ -73,7 +70,19 @@ def unsupported_reason(kv_cache_config: KVCacheConfig, scheduler_block_size: int
         return "a KV-cache metrics collector"
     if getattr(kv_cache_config, "hisparse_host_num_blocks", None) is not None:
         return "hisparse"
-    return None
+    if is_single_full_group(kv_cache_config):
+        spec = groups[0].kv_cache_spec
+        if not spec.block_size == scheduler_block_size == hash_block_size:
+            return "hash_block_size or scheduler_block_size differing from the block size"
+        return None
+    return groups_unsupported_reason(kv_cache_config, scheduler_block_size, hash_block_size)
+
+
+def is_single_full_group(kv_cache_config: KVCacheConfig) -> bool:
+    """One full-attention group: the layout ``kvpool.BlockTables`` serves (others go to
+    ``kvpool.GroupTables``)."""
+    groups = kv_cache_config.kv_cache_groups
+    return len(groups) == 1 and type(groups[0].kv_cache_spec) is FullAttentionSpec
 
 
 class KVCacheManager:
@@ -92,6 +101,12 @@ class KVCacheManager:
             return cls._fallback(reason, kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
                                  **kwargs)
         COUNTS["kvpool"] += 1
+        if not is_single_full_group(kv_cache_config):
+            from kvpool.vllm._hybrid import HybridKVCacheManager
+
+            # Not an instance of this class, so Python does not run __init__ on it again.
+            return HybridKVCacheManager(kv_cache_config, max_model_len, scheduler_block_size, hash_block_size,
+                                        **kwargs)
         return super().__new__(cls)
 
     @staticmethod

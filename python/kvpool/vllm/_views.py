@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
 
 import kvpool
 
@@ -213,11 +213,65 @@ class _AllBlocks(Sequence[BlockView]):
         return BlockView(self._pool, index)
 
 
+class _CacheDict(dict):  # type: ignore[type-arg]
+    """``cached_block_hash_to_block._cache``: the pool's keys (``BlockHashWithGroupId``) to
+    their blocks, as a dict made when read. Tests edit it to fake an eviction and undo it:
+    ``pop(key)`` drops the key from the pool's prefix cache and assigning a block to a key
+    puts it back, the block staying where it is, with no event (as editing vLLM's dict).
+    ``copy.copy`` gives a plain dict."""
+
+    def __init__(self, pool: kvpool.BlockPool) -> None:
+        super().__init__()
+        self._pool = pool
+        for block_id in range(pool.num_blocks):
+            key = pool.block_hash(block_id)
+            if key is None:
+                continue
+            name = make_block_hash_with_group_id(key[0], key[1])
+            view = BlockView(pool, block_id)
+            held = dict.get(self, name)
+            if held is None:
+                dict.__setitem__(self, name, view)
+            elif isinstance(held, dict):
+                held[block_id] = view
+            else:
+                dict.__setitem__(self, name, {held.block_id: held, block_id: view})
+        # The pool returns the first-cached block; the dict's first entry must be it.
+        for name, held in list(self.items()):
+            if isinstance(held, dict):
+                first = pool.get_cached_block(get_block_hash(name), get_group_id(name))
+                dict.__setitem__(self, name, {first: held[first], **held})
+
+    def __copy__(self) -> dict[Any, Any]:
+        return dict(self)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        missing = object()
+        value = dict.pop(self, key, missing)
+        if value is missing:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        for block_id in list(value) if isinstance(value, dict) else [value.block_id]:
+            self._pool._set_block_hash(block_id, None)
+        return value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        dict.__setitem__(self, key, value)
+        for block_id in list(value) if isinstance(value, dict) else [value.block_id]:
+            self._pool._set_block_hash(block_id, get_block_hash(key), get_group_id(key))
+
+
 class CachedBlocksView:
-    """``block_pool.cached_block_hash_to_block``: its length (distinct cached keys) and truth."""
+    """``block_pool.cached_block_hash_to_block``: its length (distinct cached keys) and truth,
+    and ``_cache`` (see ``_CacheDict``)."""
 
     def __init__(self, pool: kvpool.BlockPool) -> None:
         self._pool = pool
+
+    @property
+    def _cache(self) -> _CacheDict:
+        return _CacheDict(self._pool)
 
     def __len__(self) -> int:
         if self._pool.get_num_cached_blocks() == 0:

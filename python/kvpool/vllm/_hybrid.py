@@ -1,0 +1,551 @@
+"""``kvpool.vllm.KVCacheManager`` for hybrid models: several KV-cache groups (full attention,
+sliding window, chunked local attention) on kvpool's Rust ``GroupTables``.
+
+vLLM 0.33 builds a ``HybridKVCacheCoordinator`` (or a unitary one for a single window group)
+over one manager per group; here each of vLLM's calls is one call of ``kvpool.GroupTables``,
+where the rules are: the hit valid for every group, per-group allocation, blocks given back
+when they leave a window (``remove_skipped_blocks``), sliding-window retention. Results are
+``KVCacheBlocks`` over one id array per group.
+
+Covered: groups of ``FullAttentionSpec``, ``SlidingWindowSpec`` (no ``extra_retained_tokens``)
+and ``ChunkedLocalAttentionSpec`` whose block sizes all equal ``hash_block_size`` and
+``scheduler_block_size``, with or without prefix caching, with ``retention_interval``, stats,
+watermark, reserved blocks, external tokens, delayed caching and KV events. Not covered (vLLM's
+own class is built, as for one group): Mamba and cross-attention groups, groups of different
+block sizes, eagle, lookahead hashing, context parallelism, metrics collectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_coordinator import _validate_prefix_cache_retention_interval as _validate_retention
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    KVCacheGroupRole,
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import Request, RequestStatus
+
+import kvpool
+from kvpool.vllm._views import BlockList, BlockPoolView, BlockView, block_ids_of
+
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_DEFAULT_ROLE = getattr(KVCacheGroupRole, "DEFAULT", None)
+
+
+def group_spec(spec: Any) -> str | tuple[str, int] | None:
+    """A vLLM spec as a ``kvpool.GroupTables`` group, or ``None`` if kvpool does not cover it."""
+    if type(spec) is FullAttentionSpec:
+        return "full"
+    if type(spec) is SlidingWindowSpec and not getattr(spec, "extra_retained_tokens", 0):
+        return ("sliding_window", spec.sliding_window)
+    if type(spec) is ChunkedLocalAttentionSpec:
+        return ("chunked_local", spec.attention_chunk_size)
+    return None
+
+
+def groups_unsupported_reason(kv_cache_config: KVCacheConfig, scheduler_block_size: int,
+                              hash_block_size: int) -> str | None:
+    """Why kvpool's group tables do not cover these KV-cache groups, or ``None``."""
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if group_spec(spec) is None:
+            return f"a {type(spec).__name__} group"
+        if spec.block_size != hash_block_size or spec.block_size != scheduler_block_size:
+            return "KV-cache groups whose block sizes differ from hash_block_size or scheduler_block_size"
+        if getattr(group, "role", _DEFAULT_ROLE) != _DEFAULT_ROLE or getattr(group, "is_eagle_group", False):
+            return "a KV-cache group with a role"
+        if not getattr(spec, "prefix_cacheable", True):
+            return "a KV-cache group that opts out of prefix caching"
+    return None
+
+
+class GroupBlocks(KVCacheBlocks):  # type: ignore[misc]
+    """vLLM's ``KVCacheBlocks`` over kvpool ids, one int32 array per group; ``blocks[g]``
+    views group ``g``'s as blocks."""
+
+    def __init__(self, pool: kvpool.BlockPool, groups: tuple[np.ndarray, ...]) -> None:  # noqa: D107
+        self.groups = groups
+        self._pool = pool
+
+    @property
+    def blocks(self) -> tuple[BlockList, ...]:
+        """The blocks as ``KVCacheBlock`` views (made on first use)."""
+        return tuple(BlockList(self._pool, ids) for ids in self.groups)
+
+    def get_block_ids(self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None) -> Any:
+        groups = self.groups if group_ids is None else tuple(self.groups[g] for g in group_ids)
+        if allow_none and all(len(g) == 0 for g in groups):
+            return None
+        return tuple(g.tolist() for g in groups)
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        out = []
+        for ids in self.groups:
+            values = ids.tolist()
+            start = next((i for i, b in enumerate(values) if b != 0), len(values))
+            out.append([b for b in values[start:] if b != 0 and self._pool.block_hash(b) is None])
+        return out
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        if isinstance(other, GroupBlocks):
+            return GroupBlocks(self._pool, tuple(np.concatenate([a, b]) for a, b in zip(self.groups, other.groups)))
+        return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
+
+    def __repr__(self) -> str:
+        return f"GroupBlocks({[g.tolist() for g in self.groups]})"
+
+
+def group_ids_of(blocks: Any, num_groups: int) -> list[list[int]]:
+    """Per-group ids of a ``KVCacheBlocks`` (kvpool's or vLLM's)."""
+    if isinstance(blocks, GroupBlocks):
+        return [g.tolist() for g in blocks.groups]
+    return [block_ids_of(g) for g in blocks.blocks][:num_groups]
+
+
+class _GroupRequestTables:
+    """``single_type_managers[g].req_to_blocks``: request id -> its group-``g`` blocks."""
+
+    def __init__(self, tables: kvpool.GroupTables, group: int) -> None:
+        self._tables, self._group, self._pool = tables, group, tables.pool
+
+    def __getitem__(self, request_id: str) -> BlockList:
+        return BlockList(self._pool, self._tables.get_blocks(request_id)[self._group])
+
+    def get(self, request_id: str, default: Any = None) -> Any:
+        return self[request_id] if request_id in self else default
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._tables.request_ids()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._tables.request_ids())
+
+    def __len__(self) -> int:
+        return len(self._tables.request_ids())
+
+    def keys(self) -> tuple[Any, ...]:
+        return self._tables.request_ids()
+
+
+class _GroupNumCached:
+    """``single_type_managers[g].num_cached_block``: request id -> cached blocks."""
+
+    def __init__(self, tables: kvpool.GroupTables, group: int) -> None:
+        self._tables, self._group = tables, group
+
+    def __getitem__(self, request_id: str) -> int:
+        n = self._tables.num_cached_blocks(request_id, self._group)
+        if n is None:
+            raise KeyError(request_id)
+        return n
+
+    def get(self, request_id: str, default: Any = None) -> Any:
+        n = self._tables.num_cached_blocks(request_id, self._group)
+        return default if n is None else n
+
+    def __contains__(self, request_id: object) -> bool:
+        return self._tables.num_cached_blocks(request_id, self._group) is not None  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        return (r for r in self._tables.request_ids() if r in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class GroupView:
+    """``coordinator.single_type_managers[g]``: group ``g``'s attributes."""
+
+    def __init__(self, tables: kvpool.GroupTables, group: int, kv_cache_spec: Any, block_pool: Any) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.kv_cache_group_id = group
+        self.block_pool = block_pool
+        self.enable_caching = tables.pool.enable_caching
+        self.req_to_blocks = _GroupRequestTables(tables, group)
+        self.num_cached_block = _GroupNumCached(tables, group)
+        self.sliding_window = getattr(kv_cache_spec, "sliding_window", None)
+        self.attention_chunk_size = getattr(kv_cache_spec, "attention_chunk_size", None)
+        self.use_eagle = False
+        self.retains_longer_hit = False
+        self.records_new_block_ids = False
+
+
+class GroupsPoolView(BlockPoolView):
+    """``manager.block_pool`` for several groups: lookups take the group ids; allocation and
+    caching by hand (as vLLM's tests do) go to the pool, their events to the manager."""
+
+    #: The manager's event drain, called with the request after caching (set by it).
+    on_cached: Any = None
+
+    def get_new_blocks(self, num_blocks: int) -> BlockList:
+        return BlockList(self._pool, self._pool.get_new_blocks(num_blocks))
+
+    def cache_full_blocks(self, request: Request, blocks: Any, num_cached_blocks: int, num_full_blocks: int,
+                          block_size: int, kv_cache_group_id: int, block_mask: list[bool] | None = None) -> None:
+        if block_mask is not None and not all(block_mask):
+            raise NotImplementedError("kvpool.vllm caches masked blocks only through its group tables")
+        token_ids = request.all_token_ids if self._pool.enable_events else None
+        self._pool.cache_full_blocks(block_ids_of(blocks), request.block_hashes, num_cached_blocks, num_full_blocks,
+                                     group_id=kv_cache_group_id, token_ids=token_ids)
+        if self.on_cached is not None:
+            self.on_cached(request)
+
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
+        found = []
+        for g in kv_cache_group_ids:
+            block = self._pool.get_cached_block(block_hash, g)
+            if block is None:
+                return None
+            found.append(BlockView(self._pool, block))
+        return found
+
+
+class GroupsCoordinatorView:
+    """``manager.coordinator``: what the scheduler and tests read of vLLM's coordinator. The
+    subclasses below carry the name of the coordinator vLLM would have built."""
+
+    enable_partial_hash_hits = False
+    num_reprefillable_tokens = 0
+
+    def __init__(self, manager: HybridKVCacheManager, views: tuple[GroupView, ...],
+                 retention_interval: int | None) -> None:
+        self._manager = manager
+        self.single_type_managers = views
+        self.block_pool = manager.block_pool
+        self.retention_interval = retention_interval
+        self.eagle_group_ids: set[int] = set()
+        self.drop_eagle_group_ids: set[int] = set()
+
+    def get_blocks(self, request_id: str) -> tuple[BlockList, ...]:
+        return self._manager.get_blocks(request_id).blocks  # type: ignore[no-any-return]
+
+    def find_longest_cache_hit(self, block_hashes: list[bytes], max_cache_hit_length: int
+                               ) -> tuple[tuple[BlockList, ...], int, int]:
+        blocks, n, uncached = self._manager._tables.find_longest_cache_hit(block_hashes, max_cache_hit_length)
+        pool = self._manager._pool
+        return tuple(BlockList(pool, b) for b in blocks), n, uncached
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        self._manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+
+
+class HybridKVCacheCoordinator(GroupsCoordinatorView):
+    """Several groups, prefix caching on."""
+
+
+class UnitaryKVCacheCoordinator(GroupsCoordinatorView):
+    """One (window) group, prefix caching on."""
+
+
+class KVCacheCoordinatorNoPrefixCache(GroupsCoordinatorView):
+    """Prefix caching off."""
+
+
+class HybridKVCacheManager:
+    """vLLM 0.33's ``KVCacheManager`` for full-attention, sliding-window and chunked-local
+    groups, on ``kvpool.GroupTables`` (built by ``kvpool.vllm.KVCacheManager``)."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: Any = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> None:
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.block_size: int = specs[0].block_size
+        retention = kv_cache_config.prefix_cache_retention_interval
+        _validate_retention(retention, scheduler_block_size, kv_cache_config)
+        self._pool = kvpool.BlockPool(kv_cache_config.num_blocks, block_size=self.block_size,
+                                      enable_caching=enable_caching, enable_events=enable_kv_cache_events)
+        zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        self._tables = kvpool.GroupTables(
+            self._pool, [group_spec(s) for s in specs], max_model_len=max_model_len,
+            max_in_flight_tokens=max_model_len if max_in_flight_tokens is None else max_in_flight_tokens,
+            retention_interval=retention, record_new_block_ids=zeroing)
+        self._records_new_block_ids = zeroing
+        self.block_pool = GroupsPoolView(self._pool, hash_block_size)
+        views = tuple(GroupView(self._tables, g, s, self.block_pool) for g, s in enumerate(specs))
+        for view in views:
+            view.records_new_block_ids = zeroing
+        coordinator = (KVCacheCoordinatorNoPrefixCache if not enable_caching
+                       else UnitaryKVCacheCoordinator if len(specs) == 1 else HybridKVCacheCoordinator)
+        self.coordinator = coordinator(self, views, retention)
+        self.mamba_shared_prefix_checkpoint = False
+        self.num_kv_cache_groups = len(specs)
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self.kv_cache_config = kv_cache_config
+        if watermark < 0.0:
+            raise kvpool.InvalidArgumentError("watermark must be non-negative")
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in specs))
+        self._events: list[Any] = []
+        self.block_pool.kv_event_queue = self._events
+        if enable_kv_cache_events:
+            self.block_pool.on_cached = self._drain_events
+        self._event_metadata = tuple(
+            (get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs)
+
+    # -- results -----------------------------------------------------------------------------
+
+    def create_kv_cache_blocks(self, blocks: tuple[Any, ...]) -> KVCacheBlocks:
+        if not any(len(g) for g in blocks):
+            return self.empty_kv_cache_blocks
+        if all(isinstance(g, np.ndarray) for g in blocks):
+            return GroupBlocks(self._pool, tuple(blocks))
+        return KVCacheBlocks(blocks)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _drain_events(self, request: Request | None = None) -> None:
+        from kvpool.vllm._manager import KVCacheManager as _Single
+
+        _Single._drain_events(self, request)  # type: ignore[arg-type]
+
+    def _block_stored(self, request: Request, event: Any) -> Any:
+        """vLLM's ``BlockStored`` for one ``cache_full_blocks`` call of a group: its token
+        ids span every block the call covered (``num_cached..num_full``), its hashes and
+        extra keys only the blocks it cached (not the null block, not blocks a window's
+        retention leaves out)."""
+        from vllm.distributed.kv_events import MEDIUM_GPU, BlockStored
+        from vllm.v1.core.kv_cache_utils import (
+            generate_block_hash_extra_keys,
+            maybe_convert_block_hash,
+            to_event_extra_keys,
+        )
+
+        bs = self.block_size
+        hashes, parent = request.block_hashes, event.parent_block_hash
+        first = 0 if parent is None else next(i for i in range(len(hashes) - 1, -1, -1) if hashes[i] == parent) + 1
+        stored = event.block_hashes
+        extra_keys_list, mm_idx, k = [], 0, 0
+        for b in range(first, first + len(event.token_ids) // bs):
+            if k < len(stored) and hashes[b] == stored[k]:
+                keys, mm_idx = generate_block_hash_extra_keys(request, b * bs, (b + 1) * bs, mm_idx)
+                extra_keys_list.append(keys)
+                k += 1
+        lora = request.lora_request
+        return BlockStored(
+            block_hashes=[maybe_convert_block_hash(h) for h in stored],
+            parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
+            token_ids=list(event.token_ids),
+            block_size=bs,
+            lora_id=lora.adapter_id if lora else None,
+            medium=MEDIUM_GPU,
+            lora_name=lora.name if lora else None,
+            extra_keys=to_event_extra_keys(extra_keys_list),
+            group_idx=event.group_idx,
+            session_id=request.session_id,
+            lookahead_token_ids=None,
+        )
+
+    def take_events(self) -> list[Any]:
+        """The KV cache events since the last call, as vLLM's event classes, each
+        ``BlockStored`` with its group's spec kind and window."""
+        from vllm.distributed.kv_events import BlockStored
+
+        if not self.enable_kv_cache_events:
+            return []
+        self._drain_events()
+        events = list(self._events)
+        self._events.clear()
+        for event in events:
+            if isinstance(event, BlockStored) and event.group_idx is not None:
+                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = self._event_metadata[event.group_idx]
+        return events
+
+    # -- stats -------------------------------------------------------------------------------
+
+    @property
+    def usage(self) -> float:
+        return self._pool.get_usage()  # type: ignore[no-any-return]
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        assert self.prefix_cache_stats is not None
+        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                       preempted=request.num_preemptions > 0)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
+                            ) -> tuple[KVCacheBlocks, int, int]:
+        """The hit valid for every group: its blocks per group, its tokens, and the
+        shared-prefix boundary (where a lagging window group stops plus the prefix it has
+        not cached yet; 0 when none)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        blocks, n, uncached = self._tables.find_longest_cache_hit(request.block_hashes, max_cache_hit_length)
+        return self.create_kv_cache_blocks(blocks), n, (n + uncached if uncached else 0)
+
+    def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
+                                          ) -> tuple[KVCacheBlocks, int, int, bool]:
+        return *self.get_computed_blocks(request, max_cache_hit_length), False
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return self.create_kv_cache_blocks(self._tables.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return tuple(g.tolist() for g in self._tables.get_blocks(request_id))
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+        n = -(-num_computed_tokens // self.block_size)
+        return tuple(g[:n].tolist() for g in self._tables.get_blocks(request_id))
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """Tokens covered by every group's cached blocks: per group, the end of its last
+        cached block; the least of those."""
+        cached: int | None = None
+        for ids in self._tables.get_blocks(request.request_id):
+            values = ids.tolist()
+            end = next((i + 1 for i in range(len(values) - 1, -1, -1)
+                        if values[i] != 0 and self._pool.block_hash(values[i]) is not None), 0)
+            tokens = end * self.block_size
+            cached = tokens if cached is None else min(cached, tokens)
+        return cached or 0
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_kv_cache_groups
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> KVCacheBlocks | None:
+        """vLLM's ``allocate_slots``: each group's new blocks, or ``None`` when they do not
+        fit (out-of-window blocks have then still been given back, as in vLLM)."""
+        hits = None
+        if new_computed_blocks is not None and new_computed_blocks.blocks is not self.empty_kv_cache_blocks.blocks:
+            hits = group_ids_of(new_computed_blocks, self.num_kv_cache_groups)
+        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING else 0
+        new = self._tables.allocate_slots(
+            request.request_id, request.num_computed_tokens, request.num_tokens, request.num_prompt_tokens,
+            request.block_hashes, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens,
+            num_external_computed_tokens, delay_cache_blocks, full_sequence_must_fit, reserved_blocks, watermark,
+            request.all_token_ids if self.enable_kv_cache_events else None,
+            request.num_in_flight_tokens, request.shared_prefix_boundary)
+        if self.enable_kv_cache_events:
+            self._drain_events(request)
+        return None if new is None else self.create_kv_cache_blocks(new)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        if self.enable_caching:
+            self._tables.cache_blocks(
+                request.request_id, request.block_hashes, num_computed_tokens, request.num_prompt_tokens,
+                shared_prefix_boundary=request.shared_prefix_boundary,
+                token_ids=request.all_token_ids if self.enable_kv_cache_events else None)
+            if self.enable_kv_cache_events:
+                self._drain_events(request)
+
+    def free(self, request: Request) -> None:
+        """Free the request's blocks, each group's tail first."""
+        self._tables.free(request.request_id)
+        if self.enable_kv_cache_events:
+            self._drain_events()
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
+                              num_prompt_tokens: int | None = None) -> None:
+        """Give back the blocks no group attends to any more; the null block takes their place."""
+        self._tables.remove_skipped_blocks(request_id, processed_computed_tokens)
+        if self.enable_kv_cache_events:
+            self._drain_events()
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self._pool.evict_blocks(sorted(block_ids))
+        if self.enable_kv_cache_events:
+            self._drain_events()
+
+    def reset_prefix_cache(self) -> bool:
+        if not self._pool.reset_prefix_cache():
+            return False
+        if self.enable_kv_cache_events:
+            self._drain_events()
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
+        n = num_computed_tokens // self.block_size
+        groups = group_ids_of(blocks, self.num_kv_cache_groups)
+        return self.create_kv_cache_blocks(tuple(np.asarray(g[:n], dtype=np.int32) for g in groups))
+
+    def take_new_block_ids(self) -> list[int]:
+        if not self._records_new_block_ids:
+            return []
+        return self._tables.take_new_block_ids().tolist()  # type: ignore[no-any-return]
+
+    def pop_blocks_for_free(self, request: Request) -> list[Any]:
+        raise NotImplementedError("kvpool.vllm does not cover deferred frees with several KV-cache groups")
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        raise NotImplementedError("kvpool.vllm does not cover async KV loads")
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        return []
+
+    def new_step_starts(self) -> None:
+        """Nothing to do per step."""
