@@ -145,13 +145,17 @@ def run(kind: str, n: int, budget: int, which: str, timed: bool,
     from kvpool.vllm._manager import VllmKVCacheManager
 
     caching = kind == "warmup"
-    config = dict(num_blocks=20_000 if n > 100 else 5_000, block_size=16, max_num_batched_tokens=budget,
+    groups = LAYOUTS[LAYOUT]
+    num_blocks = (20_000 if n > 100 else 5_000) * len(groups)
+    config = dict(num_blocks=num_blocks, block_size=16, max_num_batched_tokens=budget,
                   max_num_seqs=256, enable_prefix_caching=caching, max_model_len=2048)
     if which == "kvpool":
         scheduler = create_scheduler(scheduler_cls=kvpool.vllm.Scheduler, **config)
     else:
         sched_module.KVCacheManager = VllmKVCacheManager
         scheduler = create_scheduler(**config)
+    if len(groups) > 1:
+        scheduler = with_groups(scheduler, groups, num_blocks)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(16, sha256)
     # As vLLM's EngineCore does once the engine is built: the startup heap is frozen so
@@ -193,6 +197,34 @@ def run(kind: str, n: int, budget: int, which: str, timed: bool,
     return elapsed / steps, kv / steps, steps
 
 
+#: KV-cache layouts: each group's attention ("full", or a sliding window in tokens).
+LAYOUTS: dict[str, list[Any]] = {
+    "full": ["full"],
+    "gpt-oss": [128, "full"],  # alternating 128-token windows and full attention: one group each
+    "gemma": [1024] * 5 + ["full"],  # 5:1 sliding (1,024 tokens) to full: six equal groups
+}
+LAYOUT = "full"
+
+
+def with_groups(scheduler: Any, groups: list[Any], num_blocks: int) -> Any:
+    """The same scheduler class and configuration as ``scheduler``, over KV-cache groups
+    ``groups`` (vLLM's test helper builds one full-attention group only)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    common = dict(block_size=16, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    specs = [FullAttentionSpec(**common) if g == "full" else SlidingWindowSpec(**common, sliding_window=g)
+             for g in groups]
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)])
+    vllm_config = scheduler.vllm_config
+    built = type(scheduler)(vllm_config=vllm_config, kv_cache_config=config, block_size=16, log_stats=True,
+                            structured_output_manager=StructuredOutputManager(vllm_config))
+    built.use_v2_model_runner = scheduler.use_v2_model_runner
+    return built
+
+
 #: Measure the wrapper's cost at each call (a no-op timed alike just before it) instead
 #: of subtracting the calibrated figure.
 IN_SITU = False
@@ -208,13 +240,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-situ-overhead", action="store_true",
                         help="measure the timing wrapper's cost at every call (a no-op timed alike just "
                              "before it) instead of subtracting the figure calibrated in a warm loop")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="full",
+                        help="KV-cache groups: one full-attention group (default), gpt-oss-style "
+                             "128-token windows beside full attention, Gemma-style 5 x 1,024-token windows "
+                             "beside full attention")
     parser.add_argument("--breakdown", action="store_true",
                         help="also print each manager method's calls and µs per step")
     args = parser.parse_args(argv)
     sys.path.insert(0, ".")
-    global OVERHEAD_NS, IN_SITU
+    global OVERHEAD_NS, IN_SITU, LAYOUT
     OVERHEAD_NS = timer_overhead_ns()
     IN_SITU = args.in_situ_overhead
+    LAYOUT = args.layout
     print(f"timer overhead per timed call (subtracted): {OVERHEAD_NS[0]:.0f} ns with no keyword argument, "
           f"{OVERHEAD_NS[6]:.0f} ns with 6, {OVERHEAD_NS[12]:.0f} ns with 12")
     cases = [("serving", 100, 2048), ("serving", 100, 8192), ("serving", 1000, 2048), ("serving", 1000, 8192),

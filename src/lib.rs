@@ -29,6 +29,8 @@ mod _core {
     use crate::bindings::tracker::PyComputedBlocksTracker;
     #[pymodule_export]
     use crate::bindings::vllm_calls::PyVllmManagerCalls;
+    #[pymodule_export]
+    use crate::bindings::vllm_group_calls::PyVllmGroupCalls;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -356,6 +356,41 @@ class GroupTables:
     def check_invariants(self) -> None: ...
 
 @final
+class VllmGroupCalls:
+    """vLLM 0.33's per-request ``KVCacheManager`` calls over ``GroupTables``, each one Rust call
+    (for ``kvpool.vllm``'s hybrid manager)."""
+
+    def __new__(
+        cls,
+        tables: GroupTables,
+        empty_blocks: Any,
+        blocks_class: Any,
+        group_ids_of: Any,
+        waiting_statuses: tuple[Any, ...],
+        watermark_blocks: int,
+    ) -> VllmGroupCalls: ...
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int | None = None,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int | None = None,
+        num_external_computed_tokens: int | None = None,
+        delay_cache_blocks: bool | None = None,
+        num_encoder_tokens: int | None = None,
+        full_sequence_must_fit: bool | None = None,
+        reserved_blocks: int | None = None,
+        has_scheduled_reqs: bool | None = None,
+        skip_zeroing_group_ids: Any = None,
+    ) -> Any: ...
+    def get_computed_blocks(self, request: Any, max_cache_hit_length: int | None = None) -> tuple[Any, int, int]: ...
+    def get_blocks(self, request_id: _RequestId) -> Any: ...
+    def estimate_cached_tokens(self, request: Any) -> int: ...
+    def free(self, request: Any) -> None: ...
+    def record_no_prefix_cache_stats(self, request: Any, num_hits: int) -> None: ...
+
+@final
 class VllmManagerCalls:
     """vLLM 0.33's per-request ``KVCacheManager`` calls, each one Rust call (for ``kvpool.vllm``)."""
 

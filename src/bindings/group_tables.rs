@@ -36,9 +36,32 @@ use crate::pool::{
 #[pyclass(frozen, module = "kvpool", name = "GroupTables")]
 pub struct PyGroupTables {
     inner: Mutex<GroupTables>,
-    pool: Py<PyBlockPool>,
-    config: PoolConfig,
+    pub(super) pool: Py<PyBlockPool>,
+    pub(super) config: PoolConfig,
     specs: Vec<GroupSpec>,
+}
+
+/// One `allocate_slots` call's arguments as Python gave them, by name; `None` is an
+/// argument's default. [`PyGroupTables::allocate_into`] converts and checks them.
+pub(super) struct GroupSlotArgs<'a, 'py> {
+    pub request_id: &'a Bound<'py, PyAny>,
+    pub num_computed_tokens: &'a Bound<'py, PyAny>,
+    pub num_tokens: &'a Bound<'py, PyAny>,
+    pub num_prompt_tokens: &'a Bound<'py, PyAny>,
+    pub block_hashes: &'a Bound<'py, PyAny>,
+    pub num_new_tokens: &'a Bound<'py, PyAny>,
+    pub num_new_computed_tokens: Option<&'a Bound<'py, PyAny>>,
+    /// Per-group ids (a sequence of id arrays); `None`: nothing to adopt.
+    pub new_computed_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub num_lookahead_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub num_external_computed_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub delay_cache_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub full_sequence_must_fit: Option<&'a Bound<'py, PyAny>>,
+    pub reserved_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub watermark_blocks: Option<&'a Bound<'py, PyAny>>,
+    pub token_ids: Option<&'a Bound<'py, PyAny>>,
+    pub num_in_flight_tokens: Option<&'a Bound<'py, PyAny>>,
+    pub shared_prefix_boundary: Option<&'a Bound<'py, PyAny>>,
 }
 
 /// A group spec from ``"full"``, ``("sliding_window", n)`` or ``("chunked_local", n)``.
@@ -127,12 +150,16 @@ fn group_arrays<'py>(
 }
 
 impl PyGroupTables {
-    fn with_tables<R>(&self, py: Python<'_>, f: impl FnOnce(&mut GroupTables) -> R) -> R {
+    pub(super) fn with_tables<R>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut GroupTables) -> R,
+    ) -> R {
         with_lock(py, &self.inner, f)
     }
 
     /// Runs `f` on the tables and the pool, locked in that order.
-    fn with_tables_and_pool<R>(
+    pub(super) fn with_tables_and_pool<R>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut GroupTables, &mut BlockPool) -> R,
@@ -142,7 +169,7 @@ impl PyGroupTables {
     }
 
     /// Block hashes of `request` past those the tables know: `(from, width, flat)`.
-    fn new_hashes(
+    pub(super) fn new_hashes(
         &self,
         py: Python<'_>,
         id: pool::RequestKey<'_>,
@@ -156,6 +183,85 @@ impl PyGroupTables {
         let mut flat = Vec::new();
         let (from, width) = extract_hashes_after(hashes, known, &mut flat)?;
         Ok((from, width, flat))
+    }
+
+    /// `allocate_slots` with each group's new blocks appended to `out` and the group
+    /// offsets to `offsets`; `Ok(false)` when they do not fit.
+    pub(super) fn allocate_into<'py>(
+        &self,
+        py: Python<'py>,
+        args: &GroupSlotArgs<'_, 'py>,
+        out: &mut Vec<u32>,
+        offsets: &mut Vec<usize>,
+    ) -> PyResult<bool> {
+        let GroupSlotArgs {
+            request_id,
+            num_computed_tokens,
+            num_tokens,
+            num_prompt_tokens,
+            block_hashes,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            full_sequence_must_fit,
+            reserved_blocks,
+            watermark_blocks,
+            token_ids,
+            num_in_flight_tokens,
+            shared_prefix_boundary,
+        } = *args;
+        let id = super::requests::request_key(request_id)?;
+        let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
+            Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
+        };
+        let required = |o: &Bound<'py, PyAny>, what: &str| -> PyResult<usize> {
+            Ok(int_arg(o, what, 0, i64::MAX)? as usize)
+        };
+        let (hashes_from, width, flat) = self.new_hashes(py, id, block_hashes)?;
+        let (mut hit_flat, mut hit_offsets) = (Vec::new(), Vec::new());
+        let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
+            Some(o) => {
+                group_ids(o, self.config.num_blocks, &mut hit_flat, &mut hit_offsets)?;
+                true
+            }
+            None => false,
+        };
+        let mut tokens = Vec::new();
+        let has_tokens = self.token_ids(token_ids, &mut tokens)?;
+        let call = GroupSlotCall {
+            num_computed_tokens: required(num_computed_tokens, "num_computed_tokens")?,
+            num_tokens: required(num_tokens, "num_tokens")?,
+            num_prompt_tokens: required(num_prompt_tokens, "num_prompt_tokens")?,
+            num_in_flight_tokens: count(num_in_flight_tokens, "num_in_flight_tokens")?,
+            shared_prefix_boundary: count(shared_prefix_boundary, "shared_prefix_boundary")?,
+            block_hashes: hash_slice_of(&flat, width),
+            hashes_from,
+            num_new_tokens: required(num_new_tokens, "num_new_tokens")?,
+            num_new_computed_tokens: count(num_new_computed_tokens, "num_new_computed_tokens")?,
+            new_computed_blocks: hits.then_some(GroupBlocks {
+                flat: &hit_flat,
+                offsets: &hit_offsets,
+            }),
+            num_lookahead_tokens: count(num_lookahead_tokens, "num_lookahead_tokens")?,
+            num_external_computed_tokens: count(
+                num_external_computed_tokens,
+                "num_external_computed_tokens",
+            )?,
+            delay_cache_blocks: opt_bool_arg(delay_cache_blocks, "delay_cache_blocks", false)?,
+            full_sequence_must_fit: opt_bool_arg(
+                full_sequence_must_fit,
+                "full_sequence_must_fit",
+                false,
+            )?,
+            reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
+            watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
+            token_ids: has_tokens.then_some(&tokens[..]),
+        };
+        self.with_tables_and_pool(py, |t, p| t.allocate_slots(p, id, &call, out, offsets))
+            .py_err(py)
     }
 
     fn token_ids(&self, obj: Option<&Bound<'_, PyAny>>, buf: &mut Vec<i64>) -> PyResult<bool> {
@@ -305,59 +411,27 @@ impl PyGroupTables {
         num_in_flight_tokens: Option<&Bound<'py, PyAny>>,
         shared_prefix_boundary: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let id = super::requests::request_key(request_id)?;
-        let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
-            Ok(opt_int_arg(o, what, 0, i64::MAX)?.unwrap_or(0) as usize)
-        };
-        let required = |o: &Bound<'py, PyAny>, what: &str| -> PyResult<usize> {
-            Ok(int_arg(o, what, 0, i64::MAX)? as usize)
-        };
-        let (hashes_from, width, flat) = self.new_hashes(py, id, block_hashes)?;
-        let (mut hit_flat, mut hit_offsets) = (Vec::new(), Vec::new());
-        let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
-            Some(o) => {
-                group_ids(o, self.config.num_blocks, &mut hit_flat, &mut hit_offsets)?;
-                true
-            }
-            None => false,
-        };
-        let mut tokens = Vec::new();
-        let has_tokens = self.token_ids(token_ids, &mut tokens)?;
-        let call = GroupSlotCall {
-            num_computed_tokens: required(num_computed_tokens, "num_computed_tokens")?,
-            num_tokens: required(num_tokens, "num_tokens")?,
-            num_prompt_tokens: required(num_prompt_tokens, "num_prompt_tokens")?,
-            num_in_flight_tokens: count(num_in_flight_tokens, "num_in_flight_tokens")?,
-            shared_prefix_boundary: count(shared_prefix_boundary, "shared_prefix_boundary")?,
-            block_hashes: hash_slice_of(&flat, width),
-            hashes_from,
-            num_new_tokens: required(num_new_tokens, "num_new_tokens")?,
-            num_new_computed_tokens: count(num_new_computed_tokens, "num_new_computed_tokens")?,
-            new_computed_blocks: hits.then_some(GroupBlocks {
-                flat: &hit_flat,
-                offsets: &hit_offsets,
-            }),
-            num_lookahead_tokens: count(num_lookahead_tokens, "num_lookahead_tokens")?,
-            num_external_computed_tokens: count(
-                num_external_computed_tokens,
-                "num_external_computed_tokens",
-            )?,
-            delay_cache_blocks: opt_bool_arg(delay_cache_blocks, "delay_cache_blocks", false)?,
-            full_sequence_must_fit: opt_bool_arg(
-                full_sequence_must_fit,
-                "full_sequence_must_fit",
-                false,
-            )?,
-            reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
-            watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
-            token_ids: has_tokens.then_some(&tokens[..]),
+        let args = GroupSlotArgs {
+            request_id,
+            num_computed_tokens,
+            num_tokens,
+            num_prompt_tokens,
+            block_hashes,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            full_sequence_must_fit,
+            reserved_blocks,
+            watermark_blocks,
+            token_ids,
+            num_in_flight_tokens,
+            shared_prefix_boundary,
         };
         let (mut out, mut offsets) = (Vec::new(), Vec::new());
-        let ok = self
-            .with_tables_and_pool(py, |t, p| {
-                t.allocate_slots(p, id, &call, &mut out, &mut offsets)
-            })
-            .py_err(py)?;
+        let ok = self.allocate_into(py, &args, &mut out, &mut offsets)?;
         if ok {
             Ok(Some(group_arrays(py, &out, &offsets)?))
         } else {

@@ -14,3 +14,4 @@ pub mod manager;
 pub mod requests;
 pub mod tracker;
 pub mod vllm_calls;
+pub mod vllm_group_calls;

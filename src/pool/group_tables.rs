@@ -229,6 +229,30 @@ impl GroupTables {
         self.tables.get(&id).map_or(0, |t| t.hashes.len())
     }
 
+    /// vLLM's `estimate_cached_tokens`: per group, the end of the request's last
+    /// cached block (a block cached at table index `i` holds `(i + 1) * block_size`
+    /// tokens of the chain); the least over the groups, 0 for an unknown request.
+    pub fn estimate_cached_tokens(&self, pool: &BlockPool, id: RequestKey<'_>) -> usize {
+        let Some(table) = self.tables.get(&id) else {
+            return 0;
+        };
+        let null = pool.null_block();
+        self.layout
+            .specs()
+            .iter()
+            .zip(&table.blocks)
+            .map(|(spec, blocks)| {
+                blocks
+                    .iter()
+                    .rposition(|&b| {
+                        Some(b) != null && pool.block_hash(b).is_ok_and(|k| k.is_some())
+                    })
+                    .map_or(0, |i| (i + 1) * spec.block_size)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
     /// Requests with a table.
     pub fn request_ids(&self) -> impl Iterator<Item = &RequestId> {
         self.tables.keys()

@@ -317,6 +317,19 @@ class HybridKVCacheManager:
             self.block_pool.on_cached = self._drain_events
         self._event_metadata = tuple(
             (get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs)
+        n = len(specs)
+        self._calls = kvpool.VllmGroupCalls(self._tables, self.empty_kv_cache_blocks, GroupBlocks,
+                                            lambda blocks: group_ids_of(blocks, n), _WAITING, self.watermark_blocks)
+        # The scheduler's per-request calls, bound straight to Rust: no Python frame of
+        # kvpool's on them (the methods below document them and delegate alike).
+        self.get_computed_blocks = self._calls.get_computed_blocks  # type: ignore[method-assign]
+        self.get_blocks = self._calls.get_blocks  # type: ignore[method-assign]
+        self.estimate_cached_tokens = self._calls.estimate_cached_tokens  # type: ignore[method-assign]
+        if not enable_kv_cache_events:
+            self.allocate_slots = self._calls.allocate_slots  # type: ignore[method-assign]
+            self.free = self._calls.free  # type: ignore[method-assign]
+        if not (log_stats and enable_caching):
+            self.record_prefix_cache_stats = self._calls.record_no_prefix_cache_stats  # type: ignore[method-assign]
 
     # -- results -----------------------------------------------------------------------------
 
@@ -416,19 +429,14 @@ class HybridKVCacheManager:
         """The hit valid for every group: its blocks per group, its tokens, and the
         shared-prefix boundary (where a lagging window group stops plus the prefix it has
         not cached yet; 0 when none)."""
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
-        blocks, n, uncached = self._tables.find_longest_cache_hit(request.block_hashes, max_cache_hit_length)
-        return self.create_kv_cache_blocks(blocks), n, (n + uncached if uncached else 0)
+        return self._calls.get_computed_blocks(request, max_cache_hit_length)  # type: ignore[no-any-return]
 
     def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
                                           ) -> tuple[KVCacheBlocks, int, int, bool]:
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        return self.create_kv_cache_blocks(self._tables.get_blocks(request_id))
+        return self._calls.get_blocks(request_id)  # type: ignore[no-any-return]
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return tuple(g.tolist() for g in self._tables.get_blocks(request_id))
@@ -440,14 +448,7 @@ class HybridKVCacheManager:
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens covered by every group's cached blocks: per group, the end of its last
         cached block; the least of those."""
-        cached: int | None = None
-        for ids in self._tables.get_blocks(request.request_id):
-            values = ids.tolist()
-            end = next((i + 1 for i in range(len(values) - 1, -1, -1)
-                        if values[i] != 0 and self._pool.block_hash(values[i]) is not None), 0)
-            tokens = end * self.block_size
-            cached = tokens if cached is None else min(cached, tokens)
-        return cached or 0
+        return self._calls.estimate_cached_tokens(request)  # type: ignore[no-any-return]
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         return [0] * self.num_kv_cache_groups
@@ -471,19 +472,13 @@ class HybridKVCacheManager:
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots``: each group's new blocks, or ``None`` when they do not
         fit (out-of-window blocks have then still been given back, as in vLLM)."""
-        hits = None
-        if new_computed_blocks is not None and new_computed_blocks.blocks is not self.empty_kv_cache_blocks.blocks:
-            hits = group_ids_of(new_computed_blocks, self.num_kv_cache_groups)
-        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _WAITING else 0
-        new = self._tables.allocate_slots(
-            request.request_id, request.num_computed_tokens, request.num_tokens, request.num_prompt_tokens,
-            request.block_hashes, num_new_tokens, num_new_computed_tokens, hits, num_lookahead_tokens,
-            num_external_computed_tokens, delay_cache_blocks, full_sequence_must_fit, reserved_blocks, watermark,
-            request.all_token_ids if self.enable_kv_cache_events else None,
-            request.num_in_flight_tokens, request.shared_prefix_boundary)
+        blocks = self._calls.allocate_slots(
+            request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
+            num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit,
+            reserved_blocks, has_scheduled_reqs, skip_zeroing_group_ids)
         if self.enable_kv_cache_events:
             self._drain_events(request)
-        return None if new is None else self.create_kv_cache_blocks(new)
+        return blocks  # type: ignore[no-any-return]
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         if self.enable_caching:
@@ -496,7 +491,7 @@ class HybridKVCacheManager:
 
     def free(self, request: Request) -> None:
         """Free the request's blocks, each group's tail first."""
-        self._tables.free(request.request_id)
+        self._calls.free(request)
         if self.enable_kv_cache_events:
             self._drain_events()
 
