@@ -22,7 +22,9 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+import kvpool
 from kvpool.bench import DEFAULT_REPS, WORKLOADS, format_table, resolve_names, run_bench
+from kvpool.simulate_layers import PRESETS, layers_table, parse_layout, simulate_layers
 from kvpool.simulate import (
     IMPL_NAMES,
     PlotUnavailableError,
@@ -180,6 +182,14 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
                      "(needs kvpool[plot]; implies --unbounded; without --capacity-blocks, sweeps 8 capacities)")
     sim.add_argument("--impl", choices=IMPL_NAMES, default="kvpool",
                      help="pool implementation (default kvpool)")
+    sim.add_argument("--model-layers", nargs="+", metavar="LAYOUT",
+                     help="replay a hybrid model's KV-cache groups instead: a preset ("
+                     + ", ".join(sorted(PRESETS)) + ") or a comma list of full, swa:W, chunked:C, each "
+                     "optionally xN; several for a side-by-side table. Capacities count all groups' blocks; "
+                     "without --capacity-blocks, room for every distinct id in every group")
+    sim.add_argument("--retention-interval", type=int, default=None, metavar="TOKENS",
+                     help="with --model-layers: vLLM's prefix_cache_retention_interval for sliding windows "
+                     "(default: a tail at every block)")
     sim.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     sim.set_defaults(func=cmd_simulate)
 
@@ -223,6 +233,8 @@ def _log_line(text: str) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """``kvpool simulate``: replay the trace per capacity, print a table or JSON lines."""
+    if args.model_layers:
+        return _simulate_layers(args)
     if args.plot:
         load_pyplot()  # fail before the replay, not after it, if matplotlib is missing
     trace = load_trace(args.trace)
@@ -247,6 +259,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(_simulate_table(trace, results, args.block_tokens))
     if args.plot:
         _write_plot(results, args.plot)
+    return 0
+
+
+def _simulate_layers(args: argparse.Namespace) -> int:
+    """``kvpool simulate --model-layers``: each layout at each capacity, a table or JSON lines."""
+    if args.plot:
+        raise CliError("--plot is not available with --model-layers")
+    trace = load_trace(args.trace)
+    results = []
+    for layout in args.model_layers:
+        try:
+            groups = parse_layout(layout)
+        except ValueError as exc:
+            raise CliError(f"--model-layers: {exc}") from None
+        capacities = args.capacity_blocks or [max(trace.distinct_ids(), trace.max_request_blocks) * len(groups)]
+        for capacity in capacities:
+            try:
+                results.append(simulate_layers(trace, layout, capacity, block_tokens=args.block_tokens,
+                                               retention_interval=args.retention_interval))
+            except kvpool.KVPoolError as exc:
+                raise CliError(f"--model-layers {layout}: {exc}") from None
+    if args.json:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+    else:
+        print(f"{trace.name}: {trace.num_requests} requests, {trace.num_blocks} blocks")
+        print(layers_table(results, args.block_tokens))
     return 0
 
 
