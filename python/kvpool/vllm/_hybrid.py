@@ -291,8 +291,9 @@ class HybridKVCacheManager:
         self._pool = kvpool.BlockPool(kv_cache_config.num_blocks, block_size=self.block_size,
                                       enable_caching=enable_caching, enable_events=enable_kv_cache_events)
         zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
+        groups = [g for g in map(group_spec, specs) if g is not None]  # all covered (checked by the caller)
         self._tables = kvpool.GroupTables(
-            self._pool, [group_spec(s) for s in specs], max_model_len=max_model_len,
+            self._pool, groups, max_model_len=max_model_len,
             max_in_flight_tokens=max_model_len if max_in_flight_tokens is None else max_in_flight_tokens,
             retention_interval=retention, record_new_block_ids=zeroing)
         self._records_new_block_ids = zeroing
@@ -403,7 +404,7 @@ class HybridKVCacheManager:
 
     @property
     def usage(self) -> float:
-        return self._pool.get_usage()  # type: ignore[no-any-return]
+        return self._pool.get_usage()
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
         if not self.log_stats:
@@ -429,14 +430,14 @@ class HybridKVCacheManager:
         """The hit valid for every group: its blocks per group, its tokens, and the
         shared-prefix boundary (where a lagging window group stops plus the prefix it has
         not cached yet; 0 when none)."""
-        return self._calls.get_computed_blocks(request, max_cache_hit_length)  # type: ignore[no-any-return]
+        return self._calls.get_computed_blocks(request, max_cache_hit_length)
 
     def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
                                           ) -> tuple[KVCacheBlocks, int, int, bool]:
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        return self._calls.get_blocks(request_id)  # type: ignore[no-any-return]
+        return self._calls.get_blocks(request_id)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return tuple(g.tolist() for g in self._tables.get_blocks(request_id))
@@ -448,7 +449,7 @@ class HybridKVCacheManager:
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens covered by every group's cached blocks: per group, the end of its last
         cached block; the least of those."""
-        return self._calls.estimate_cached_tokens(request)  # type: ignore[no-any-return]
+        return self._calls.estimate_cached_tokens(request)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         return [0] * self.num_kv_cache_groups
@@ -478,7 +479,7 @@ class HybridKVCacheManager:
             reserved_blocks, has_scheduled_reqs, skip_zeroing_group_ids)
         if self.enable_kv_cache_events:
             self._drain_events(request)
-        return blocks  # type: ignore[no-any-return]
+        return blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         if self.enable_caching:
