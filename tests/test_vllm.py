@@ -32,7 +32,7 @@ pytestmark = [
 #: one full-attention group, no connector, eagle or context parallelism).
 SUITE = {
     "test_prefix_caching.py": 41,
-    "test_scheduler.py": 101,
+    "test_scheduler.py": 190,
     "test_kv_cache_utils.py": 0,
     "test_single_type_kv_cache_manager.py": 0,
 }

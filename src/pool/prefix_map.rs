@@ -76,17 +76,27 @@ impl PrefixMap {
     /// their room reserved (at most 2^21 keys' room up front);
     /// [`PoolError::OutOfMemory`] if that room cannot be had.
     pub fn with_hasher(hasher: KeyHasher, keys: usize) -> PoolResult<Self> {
-        let keys = keys.saturating_mul(ROOM_PER_KEY).min(MAX_RESERVED_KEYS);
+        let room = keys.saturating_mul(ROOM_PER_KEY).min(MAX_RESERVED_KEYS);
         let mut table = HashTable::new();
         table
-            .try_reserve(keys, |_: &u32| 0)
+            .try_reserve(room, |_: &u32| 0)
             .map_err(|_| PoolError::OutOfMemory {
                 what: "the prefix map",
-                bytes: keys.saturating_mul(std::mem::size_of::<u32>() + 1),
+                bytes: room.saturating_mul(std::mem::size_of::<u32>() + 1),
+            })?;
+        // The arena is reserved too, so that filling the cache never moves it (its
+        // pages are only touched as entries arrive).
+        let mut entries = Vec::new();
+        let arena = keys.min(MAX_RESERVED_KEYS);
+        entries
+            .try_reserve_exact(arena)
+            .map_err(|_| PoolError::OutOfMemory {
+                what: "the prefix map's entries",
+                bytes: arena.saturating_mul(std::mem::size_of::<Entry>()),
             })?;
         Ok(Self {
             table,
-            entries: Vec::new(),
+            entries,
             vacant: Vec::new(),
             hasher,
         })
