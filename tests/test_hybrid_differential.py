@@ -130,8 +130,13 @@ class Pair:
                                      enable_events=True, null_block=True)
         self.tables = kvpool.GroupTables(self.pool, groups, max_model_len=max_model_len,
                                          retention_interval=retention)
+        # kvpool's own manager, which keeps the tokens itself, fed the same calls.
+        self.manager = kvpool.GroupManager(num_blocks, block_size, groups, enable_caching=caching,
+                                           hash_algo="sha256", enable_events=True, max_model_len=max_model_len,
+                                           retention_interval=retention)
         self.caching = caching
         self.steps = 0
+        self.added: set[str] = set()
 
     def hit(self, req: Any) -> tuple[Any, list[list[int]] | None, int]:
         theirs, n, boundary = self.vllm.get_computed_blocks(req)
@@ -142,6 +147,11 @@ class Pair:
             ours_blocks = [b.tolist() for b in blocks]
         ours_boundary = ours_n + uncached if uncached else 0
         assert (ids(theirs), n, boundary) == (ours_blocks, ours_n, ours_boundary), req.request_id
+        if req.request_id not in self.added:
+            self.manager.add_request(req.request_id, req.prompt_token_ids)
+            self.added.add(req.request_id)
+        blocks, managed_n = self.manager.get_computed_blocks(req.request_id)
+        assert ([b.tolist() for b in blocks], managed_n) == (ours_blocks, ours_n), req.request_id
         SEEN["hit_tokens"] += n
         SEEN["null_hit_blocks"] += sum(b == 0 for g in ours_blocks for b in g)
         req.shared_prefix_boundary = boundary
@@ -160,7 +170,10 @@ class Pair:
             req.request_id, req.num_computed_tokens, req.num_tokens, req.num_prompt_tokens, req.block_hashes,
             num_new, shared_prefix_boundary=req.shared_prefix_boundary,
             token_ids=req.all_token_ids, **ours_kwargs)
-        assert (theirs is None) == (ours is None), (req.request_id, theirs, ours)
+        managed = self.manager.allocate_slots(req.request_id, num_new, **ours_kwargs)
+        assert (theirs is None) == (ours is None) == (managed is None), (req.request_id, theirs, ours)
+        if ours is not None and managed is not None:
+            assert [o.tolist() for o in ours] == [m.tolist() for m in managed], req.request_id
         SEEN["refused"] += theirs is None
         if theirs is not None:
             assert ids(theirs) == [o.tolist() for o in ours], req.request_id
@@ -170,19 +183,29 @@ class Pair:
     def free(self, req: Any) -> None:
         self.vllm.free(req)
         self.tables.free(req.request_id)
+        self.manager.free(req.request_id)
+        self.added.discard(req.request_id)
+
+    def decode(self, req: Any, token: int) -> None:
+        req.append_output_token_ids(token)
+        self.manager.append_token_ids(req.request_id, [token])
 
     def reset(self) -> None:
-        assert self.vllm.reset_prefix_cache() == self.pool.reset_prefix_cache()
+        assert self.vllm.reset_prefix_cache() == self.pool.reset_prefix_cache() == self.manager.reset_prefix_cache()
 
     def compare(self, live: list[Any]) -> None:
         for req in live:
             theirs = [list(g) for g in self.vllm.get_block_ids(req.request_id)]
             ours = [g.tolist() for g in self.tables.get_blocks(req.request_id)]
-            assert theirs == ours, req.request_id
+            assert theirs == ours == [g.tolist() for g in self.manager.get_block_ids(req.request_id)], req.request_id
+            assert self.manager.get_num_computed_tokens(req.request_id) == req.num_computed_tokens
             SEEN["window_frees"] += sum(b == 0 for g in ours for b in g)
         assert self.vllm.block_pool.get_num_free_blocks() == self.pool.get_num_free_blocks()
         events = vllm_events(self.vllm.take_events())
         assert events == kvpool_events(self.pool.take_events())
+        assert self.manager.get_num_free_blocks() == self.pool.get_num_free_blocks()
+        assert kvpool_events(self.manager.take_events()) == events
+        self.manager.check_invariants()
         SEEN["stored"] += sum(e[0] == "BlockStored" for e in events)
         SEEN["removed"] += sum(e[0] == "BlockRemoved" for e in events)
         self.tables.check_invariants()
@@ -215,7 +238,7 @@ def run(seed: int, layout: str, retention_choice: str) -> int:
             if req.num_computed_tokens < req.num_tokens:
                 num_new = min(req.num_tokens - req.num_computed_tokens, rng.choice([block_size, span]))
             else:
-                req.append_output_token_ids(rng.randrange(50_000))
+                pair.decode(req, rng.randrange(50_000))
                 num_new = 1
             if pair.allocate(req, num_new, None):
                 req.num_computed_tokens += num_new

@@ -292,6 +292,71 @@ class BlockTables:
     def check_invariants(self) -> None: ...
 
 @final
+class GroupManager:
+    """``KVCacheManager`` for a hybrid model: several KV-cache groups (full attention, sliding
+    window, chunked local) over one pool; per-group results are tuples of int32 arrays."""
+
+    def __new__(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        groups: Sequence[str | tuple[str] | tuple[str, int]],
+        *,
+        enable_caching: bool | None = None,
+        hash_algo: _HashAlgoName | None = None,
+        seed: str | None = None,
+        enable_events: bool | None = None,
+        max_model_len: int | None = None,
+        max_in_flight_tokens: int | None = None,
+        retention_interval: int | None = None,
+    ) -> GroupManager: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def num_groups(self) -> int: ...
+    def add_request(
+        self,
+        request_id: _RequestId,
+        prompt_token_ids: _IdsLike,
+        *,
+        lora: _LoraSpec | None = None,
+        lora_id: int | None = None,
+        cache_salt: str | None = None,
+        mm_features: Sequence[_MmFeatureSpec] | None = None,
+        prompt_embed_digests: Sequence[bytes] | None = None,
+    ) -> None: ...
+    def append_token_ids(self, request_id: _RequestId, token_ids: _IdsLike) -> None: ...
+    def get_computed_blocks(self, request_id: _RequestId) -> tuple[tuple[_BlockIds, ...], int]: ...
+    def allocate_slots(
+        self,
+        request_id: _RequestId,
+        num_new_tokens: int,
+        *,
+        num_new_computed_tokens: int | None = None,
+        new_computed_blocks: Sequence[_IdsLike] | None = None,
+        num_lookahead_tokens: int | None = None,
+    ) -> tuple[_BlockIds, ...] | None: ...
+    def schedule_step(
+        self,
+        request_ids: Sequence[_RequestId],
+        num_new_tokens: int | _IdsLike,
+        *,
+        num_lookahead_tokens: int | _IdsLike | None = None,
+        stop_at_first_failure: bool | None = None,
+    ) -> StepResult: ...
+    def get_block_ids(self, request_id: _RequestId) -> tuple[_BlockIds, ...]: ...
+    def get_num_tokens(self, request_id: _RequestId) -> int: ...
+    def get_num_computed_tokens(self, request_id: _RequestId) -> int: ...
+    def free(self, request_id: _RequestId) -> None: ...
+    def preempt(self, request_id: _RequestId) -> None: ...
+    def get_usage(self) -> float: ...
+    def get_num_free_blocks(self) -> int: ...
+    def take_events(self) -> list[Any]: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def check_invariants(self) -> None: ...
+    def __len__(self) -> int: ...
+
+@final
 class GroupTables:
     """Block tables for the KV-cache groups of a hybrid model (full attention, sliding window,
     chunked local) over one ``BlockPool``, whose counters and hashes the caller owns."""

@@ -65,7 +65,7 @@ pub(super) struct GroupSlotArgs<'a, 'py> {
 }
 
 /// A group spec from ``"full"``, ``("sliding_window", n)`` or ``("chunked_local", n)``.
-fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<GroupSpec> {
+pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<GroupSpec> {
     let py = obj.py();
     let bad = || {
         error(
@@ -110,7 +110,7 @@ fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<GroupSpec> 
 }
 
 /// Per-group block ids from a sequence of id arrays, flat with offsets.
-fn group_ids(
+pub(super) fn group_ids(
     obj: &Bound<'_, PyAny>,
     num_blocks: u32,
     flat: &mut Vec<u32>,
@@ -259,6 +259,7 @@ impl PyGroupTables {
             reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
             watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
             token_ids: has_tokens.then_some(&tokens[..]),
+            ..GroupSlotCall::new(0, 0, pool::HashSlice::empty(), 0)
         };
         self.with_tables_and_pool(py, |t, p| t.allocate_slots(p, id, &call, out, offsets))
             .py_err(py)

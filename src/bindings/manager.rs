@@ -98,19 +98,94 @@ impl PyKVCacheManager {
         with_lock(py, &self.inner, f)
     }
 
-    /// Token ids from `obj` as the manager takes them: converted into `buf` with
-    /// prefix caching on, else only counted (nothing reads their values).
+    /// Token ids from `obj` as the manager takes them ([`manager_token_ids`]).
     fn token_ids<'a>(
         &self,
         obj: &Bound<'_, PyAny>,
         what: &str,
         buf: &'a mut Vec<i64>,
     ) -> PyResult<TokenIds<'a>> {
-        if !self.enable_caching {
-            return Ok(TokenIds::Count(count_tokens(obj, what)?));
+        manager_token_ids(obj, what, self.enable_caching, buf)
+    }
+}
+
+/// Token ids from `obj` as a manager takes them: converted into `buf` with prefix
+/// caching on, else only counted (nothing reads their values).
+pub(super) fn manager_token_ids<'a>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    caching: bool,
+    buf: &'a mut Vec<i64>,
+) -> PyResult<TokenIds<'a>> {
+    if !caching {
+        return Ok(TokenIds::Count(count_tokens(obj, what)?));
+    }
+    extract_i64s(obj, what, buf)?;
+    Ok(TokenIds::Values(buf))
+}
+
+/// A per-request count for a step of `n` requests: one int for all, or a sequence
+/// of `n` non-negative ints.
+pub(super) fn per_request_counts(
+    obj: &Bound<'_, PyAny>,
+    n: usize,
+    what: &str,
+) -> PyResult<Vec<usize>> {
+    let py = obj.py();
+    if let Some(v) = obj
+        .extract::<i64>()
+        .ok()
+        .filter(|_| !obj.is_instance_of::<pyo3::types::PyBool>())
+    {
+        if v < 0 {
+            return Err(error(
+                py,
+                ErrorKind::InvalidArgument,
+                format!("{what} must be >= 0"),
+            ));
         }
-        extract_i64s(obj, what, buf)?;
-        Ok(TokenIds::Values(buf))
+        return Ok(vec![v as usize; n]);
+    }
+    let mut raw = Vec::new();
+    extract_i64s(obj, what, &mut raw)?;
+    if raw.len() != n {
+        return Err(error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!("{what} has {} entries for {n} requests", raw.len()),
+        ));
+    }
+    raw.into_iter()
+        .map(|v| {
+            usize::try_from(v).map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::InvalidArgument,
+                    format!("{what} must be >= 0"),
+                )
+            })
+        })
+        .collect()
+}
+
+impl PyStepResult {
+    /// A result from its parts (block ids, offsets, per-request counts and flags).
+    pub(super) fn from_parts(
+        py: Python<'_>,
+        block_ids: &[u32],
+        offsets: &[usize],
+        num_scheduled_tokens: &[usize],
+        num_hit_tokens: &[usize],
+        allocated: Vec<bool>,
+    ) -> Self {
+        let as_i64 = |v: &[usize]| PyArray1::from_iter(py, v.iter().map(|&x| x as i64)).unbind();
+        Self {
+            block_ids: ids_to_numpy(py, block_ids).unbind(),
+            offsets: as_i64(offsets),
+            num_scheduled_tokens: as_i64(num_scheduled_tokens),
+            num_hit_tokens: as_i64(num_hit_tokens),
+            allocated: PyArray1::from_vec(py, allocated).unbind(),
+        }
     }
 }
 
@@ -281,50 +356,9 @@ impl PyKVCacheManager {
     ) -> PyResult<PyStepResult> {
         let ids = super::requests::request_ids(request_ids)?;
         let stop = opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?;
-        let per_request = |obj: &Bound<'_, PyAny>, what: &str| -> PyResult<Vec<usize>> {
-            if let Ok(n) = obj
-                .extract::<i64>()
-                .ok()
-                .filter(|_| !obj.is_instance_of::<pyo3::types::PyBool>())
-                .ok_or(())
-            {
-                if n < 0 {
-                    return Err(error(
-                        py,
-                        ErrorKind::InvalidArgument,
-                        format!("{what} must be >= 0"),
-                    ));
-                }
-                return Ok(vec![n as usize; ids.len()]);
-            }
-            let mut raw = Vec::new();
-            extract_i64s(obj, what, &mut raw)?;
-            if raw.len() != ids.len() {
-                return Err(error(
-                    py,
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "{what} has {} entries for {} requests",
-                        raw.len(),
-                        ids.len()
-                    ),
-                ));
-            }
-            raw.into_iter()
-                .map(|n| {
-                    usize::try_from(n).map_err(|_| {
-                        error(
-                            py,
-                            ErrorKind::InvalidArgument,
-                            format!("{what} must be >= 0"),
-                        )
-                    })
-                })
-                .collect()
-        };
-        let news = per_request(num_new_tokens, "num_new_tokens")?;
+        let news = per_request_counts(num_new_tokens, ids.len(), "num_new_tokens")?;
         let lookaheads = match num_lookahead_tokens.filter(|o| !o.is_none()) {
-            Some(obj) => per_request(obj, "num_lookahead_tokens")?,
+            Some(obj) => per_request_counts(obj, ids.len(), "num_lookahead_tokens")?,
             None => vec![0; ids.len()],
         };
         let step: Vec<StepRequest<'_>> = ids
@@ -341,14 +375,14 @@ impl PyKVCacheManager {
         let mut outcome = StepOutcome::default();
         self.with_manager(py, |m| m.schedule_step(&step, stop, &mut outcome))
             .py_err(py)?;
-        let as_i64 = |v: &[usize]| PyArray1::from_iter(py, v.iter().map(|&x| x as i64)).unbind();
-        Ok(PyStepResult {
-            block_ids: ids_to_numpy(py, &outcome.block_ids).unbind(),
-            offsets: as_i64(&outcome.offsets),
-            num_scheduled_tokens: as_i64(&outcome.num_scheduled_tokens),
-            num_hit_tokens: as_i64(&outcome.num_hit_tokens),
-            allocated: PyArray1::from_vec(py, outcome.allocated).unbind(),
-        })
+        Ok(PyStepResult::from_parts(
+            py,
+            &outcome.block_ids,
+            &outcome.offsets,
+            &outcome.num_scheduled_tokens,
+            &outcome.num_hit_tokens,
+            outcome.allocated,
+        ))
     }
 
     /// Appends token ids (generated, or newly known) to a request.

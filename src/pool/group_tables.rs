@@ -105,7 +105,15 @@ pub struct GroupSlotCall<'a> {
     pub watermark_blocks: usize,
     /// The request's token ids, for `BlockStored` events.
     pub token_ids: Option<&'a [i64]>,
+    /// The request's LoRA, for `BlockStored` events.
+    pub lora: &'a LoraInfo,
 }
+
+/// No LoRA.
+static NO_LORA: LoraInfo = LoraInfo {
+    id: None,
+    name: None,
+};
 
 impl<'a> GroupSlotCall<'a> {
     /// A call for `num_new_tokens` of a request with no hits, lookahead,
@@ -134,6 +142,7 @@ impl<'a> GroupSlotCall<'a> {
             reserved_blocks: 0,
             watermark_blocks: 0,
             token_ids: None,
+            lora: &NO_LORA,
         }
     }
 }
@@ -535,7 +544,7 @@ impl GroupTables {
                 call.num_prompt_tokens,
                 call.shared_prefix_boundary,
                 call.token_ids,
-                &LoraInfo::default(),
+                call.lora,
             )?;
         }
         Ok(true)

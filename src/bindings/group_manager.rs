@@ -1,0 +1,369 @@
+//! `kvpool.GroupManager`: `kvpool.KVCacheManager` for a hybrid model's KV-cache groups.
+
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg};
+use super::errors::{error, ErrorKind, IntoPyResult};
+use super::events::events_to_py;
+use super::group_tables::{group_ids, group_spec};
+use super::hashing::{algo_arg, extract_extras, seed_arg};
+use super::locking::with_lock;
+use super::manager::{manager_token_ids, per_request_counts, PyStepResult};
+use crate::pool::{
+    GroupBlocks, GroupManager, GroupStepOutcome, LoraInfo, ManagerConfig, StepRequest, MAX_BLOCKS,
+};
+
+/// The block manager a scheduler calls per request, for a hybrid model: vLLM's
+/// ``KVCacheManager`` semantics over several KV-cache groups (full attention, sliding
+/// window, chunked local) in one pool, plus ``schedule_step``.
+///
+/// ``GroupManager(num_blocks, block_size, groups, *, enable_caching=None,
+/// hash_algo=None, seed=None, enable_events=None, max_model_len=None,
+/// max_in_flight_tokens=None, retention_interval=None)``: ``groups`` as for
+/// ``GroupTables`` (``"full"``, ``("sliding_window", window)``,
+/// ``("chunked_local", chunk)``). Per-group results are tuples of int32 arrays.
+#[pyclass(frozen, module = "kvpool", name = "GroupManager")]
+pub struct PyGroupManager {
+    inner: Mutex<GroupManager>,
+    num_blocks: u32,
+    num_groups: usize,
+    enable_caching: bool,
+}
+
+impl PyGroupManager {
+    fn with_manager<R>(&self, py: Python<'_>, f: impl FnOnce(&mut GroupManager) -> R) -> R {
+        with_lock(py, &self.inner, f)
+    }
+
+    /// One int32 array per group of `flat` cut at `offsets`.
+    fn groups<'py>(
+        py: Python<'py>,
+        flat: &[u32],
+        offsets: &[usize],
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(
+            py,
+            offsets
+                .windows(2)
+                .map(|w| ids_to_numpy(py, &flat[w[0]..w[1]])),
+        )
+    }
+}
+
+#[pymethods]
+impl PyGroupManager {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, groups, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, max_in_flight_tokens=None, retention_interval=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        num_blocks: &Bound<'_, PyAny>,
+        block_size: &Bound<'_, PyAny>,
+        groups: &Bound<'_, PyAny>,
+        enable_caching: Option<&Bound<'_, PyAny>>,
+        hash_algo: Option<&Bound<'_, PyAny>>,
+        seed: Option<&Bound<'_, PyAny>>,
+        enable_events: Option<&Bound<'_, PyAny>>,
+        max_model_len: Option<&Bound<'_, PyAny>>,
+        max_in_flight_tokens: Option<&Bound<'_, PyAny>>,
+        retention_interval: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let mut config = ManagerConfig::new(
+            int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
+            int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32,
+        );
+        config.enable_caching = opt_bool_arg(enable_caching, "enable_caching", true)?;
+        config.hash_algo = algo_arg(py, hash_algo)?;
+        config.seed = seed_arg(seed)?;
+        config.enable_events = opt_bool_arg(enable_events, "enable_events", false)?;
+        config.max_model_len =
+            opt_int_arg(max_model_len, "max_model_len", 1, i64::MAX)?.map(|m| m as usize);
+        let iter = groups.try_iter().map_err(|_| {
+            error(
+                py,
+                ErrorKind::Dtype,
+                "groups must be a sequence of group specs",
+            )
+        })?;
+        let specs = iter
+            .map(|g| group_spec(&g?, config.block_size as usize))
+            .collect::<PyResult<Vec<_>>>()?;
+        let in_flight = opt_int_arg(max_in_flight_tokens, "max_in_flight_tokens", 0, i64::MAX)?
+            .map(|n| n as usize);
+        let retention =
+            opt_int_arg(retention_interval, "retention_interval", 0, i64::MAX)?.map(|n| n as usize);
+        let (n_blocks, caching, n_groups) = (config.num_blocks, config.enable_caching, specs.len());
+        let inner = GroupManager::new(config, specs, in_flight, retention).py_err(py)?;
+        Ok(Self {
+            inner: Mutex::new(inner),
+            num_blocks: n_blocks,
+            num_groups: n_groups,
+            enable_caching: caching,
+        })
+    }
+
+    /// Blocks in the pool (block 0 is the null block).
+    #[getter]
+    fn num_blocks(&self) -> u32 {
+        self.num_blocks
+    }
+
+    /// Number of KV-cache groups.
+    #[getter]
+    fn num_groups(&self) -> usize {
+        self.num_groups
+    }
+
+    /// Adds a request: its prompt token ids and extra keys (as ``KVCacheManager``).
+    #[pyo3(signature = (request_id, prompt_token_ids, *, lora=None, lora_id=None, cache_salt=None, mm_features=None, prompt_embed_digests=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn add_request(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        prompt_token_ids: &Bound<'_, PyAny>,
+        lora: Option<&Bound<'_, PyAny>>,
+        lora_id: Option<&Bound<'_, PyAny>>,
+        cache_salt: Option<&Bound<'_, PyAny>>,
+        mm_features: Option<&Bound<'_, PyAny>>,
+        prompt_embed_digests: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
+        let lora_info = LoraInfo {
+            id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
+            name: extras.lora.as_ref().map(|(name, _)| name.clone()),
+        };
+        let mut buf = Vec::new();
+        let tokens = manager_token_ids(
+            prompt_token_ids,
+            "prompt_token_ids",
+            self.enable_caching,
+            &mut buf,
+        )?;
+        self.with_manager(py, |m| m.add_request(id, tokens, extras, lora_info))
+            .py_err(py)
+    }
+
+    /// Appends token ids (generated, or newly known) to a request.
+    fn append_token_ids(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        let mut buf = Vec::new();
+        let tokens = manager_token_ids(token_ids, "token_ids", self.enable_caching, &mut buf)?;
+        self.with_manager(py, |m| m.append_token_ids(&id, tokens))
+            .py_err(py)
+    }
+
+    /// The longest prefix hit valid for every group, capped below the request's last
+    /// token: ``(blocks per group, num_computed_tokens)``. Changes nothing.
+    fn get_computed_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyTuple>, usize)> {
+        let id = super::requests::request_id(request_id)?;
+        let hit = self
+            .with_manager(py, |m| m.get_computed_blocks(&id))
+            .py_err(py)?;
+        let blocks = PyTuple::new(py, hit.blocks.iter().map(|b| ids_to_numpy(py, b)))?;
+        Ok((blocks, hit.num_tokens))
+    }
+
+    /// Allocates slots for ``num_new_tokens`` new tokens (plus lookahead), adopting
+    /// ``new_computed_blocks`` (per group, the hit from ``get_computed_blocks``) for a
+    /// request that starts now. Returns each group's new blocks, or ``None`` when they do
+    /// not fit (as in vLLM, blocks out of a window may have been given back).
+    #[pyo3(signature = (request_id, num_new_tokens, *, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None))]
+    fn allocate_slots<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+        num_new_tokens: &Bound<'py, PyAny>,
+        num_new_computed_tokens: Option<&Bound<'py, PyAny>>,
+        new_computed_blocks: Option<&Bound<'py, PyAny>>,
+        num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let id = super::requests::request_id(request_id)?;
+        let num_new = int_arg(num_new_tokens, "num_new_tokens", 0, i64::MAX)? as usize;
+        let computed = opt_int_arg(
+            num_new_computed_tokens,
+            "num_new_computed_tokens",
+            0,
+            i64::MAX,
+        )?
+        .unwrap_or(0) as usize;
+        let lookahead = opt_int_arg(num_lookahead_tokens, "num_lookahead_tokens", 0, i64::MAX)?
+            .unwrap_or(0) as usize;
+        let (mut hit_flat, mut hit_offsets) = (Vec::new(), Vec::new());
+        let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
+            Some(o) => {
+                group_ids(o, self.num_blocks, &mut hit_flat, &mut hit_offsets)?;
+                !hit_flat.is_empty()
+            }
+            None => false,
+        };
+        let hits = hits.then_some(GroupBlocks {
+            flat: &hit_flat,
+            offsets: &hit_offsets,
+        });
+        let (mut out, mut offsets) = (Vec::new(), Vec::new());
+        let ok = self
+            .with_manager(py, |m| {
+                m.allocate_slots(
+                    &id,
+                    num_new,
+                    computed,
+                    hits,
+                    lookahead,
+                    &mut out,
+                    &mut offsets,
+                )
+            })
+            .py_err(py)?;
+        if ok {
+            Ok(Some(Self::groups(py, &out, &offsets)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// One scheduler step in one call (as ``KVCacheManager.schedule_step``). Returns a
+    /// ``StepResult`` whose ``offsets`` cut ``block_ids`` per request and group: request
+    /// ``i``'s group-``g`` blocks are ``block_ids[offsets[i * G + g]:offsets[i * G + g + 1]]``
+    /// for ``G`` groups.
+    #[pyo3(signature = (request_ids, num_new_tokens, *, num_lookahead_tokens=None, stop_at_first_failure=None))]
+    fn schedule_step(
+        &self,
+        py: Python<'_>,
+        request_ids: &Bound<'_, PyAny>,
+        num_new_tokens: &Bound<'_, PyAny>,
+        num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+        stop_at_first_failure: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyStepResult> {
+        let ids = super::requests::request_ids(request_ids)?;
+        let stop = opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?;
+        let news = per_request_counts(num_new_tokens, ids.len(), "num_new_tokens")?;
+        let lookaheads = match num_lookahead_tokens.filter(|o| !o.is_none()) {
+            Some(obj) => per_request_counts(obj, ids.len(), "num_lookahead_tokens")?,
+            None => vec![0; ids.len()],
+        };
+        let step: Vec<StepRequest<'_>> = ids
+            .iter()
+            .zip(news.iter().zip(&lookaheads))
+            .map(
+                |(id, (&num_new_tokens, &num_lookahead_tokens))| StepRequest {
+                    id,
+                    num_new_tokens,
+                    num_lookahead_tokens,
+                },
+            )
+            .collect();
+        let mut outcome = GroupStepOutcome::default();
+        self.with_manager(py, |m| m.schedule_step(&step, stop, &mut outcome))
+            .py_err(py)?;
+        Ok(PyStepResult::from_parts(
+            py,
+            &outcome.block_ids,
+            &outcome.offsets,
+            &outcome.num_scheduled_tokens,
+            &outcome.num_hit_tokens,
+            outcome.allocated,
+        ))
+    }
+
+    /// The request's blocks, one int32 array per group.
+    fn get_block_ids<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = super::requests::request_id(request_id)?;
+        let (mut flat, mut offsets) = (Vec::new(), vec![0]);
+        self.with_manager(py, |m| -> crate::pool::PoolResult<()> {
+            for g in 0..m.layout().len() {
+                flat.extend_from_slice(m.block_ids(&id, g)?);
+                offsets.push(flat.len());
+            }
+            Ok(())
+        })
+        .py_err(py)?;
+        Self::groups(py, &flat, &offsets)
+    }
+
+    /// The request's tokens so far.
+    fn get_num_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = super::requests::request_id(request_id)?;
+        self.with_manager(py, |m| m.num_tokens(&id)).py_err(py)
+    }
+
+    /// Tokens counted as computed for the request.
+    fn get_num_computed_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let id = super::requests::request_id(request_id)?;
+        self.with_manager(py, |m| m.num_computed_tokens(&id))
+            .py_err(py)
+    }
+
+    /// Frees the request's blocks (each group's tail first) and forgets it.
+    fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        self.with_manager(py, |m| m.free(&id)).py_err(py)
+    }
+
+    /// Frees the request's blocks; it keeps its tokens and restarts from zero.
+    fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        self.with_manager(py, |m| m.preempt(&id)).py_err(py)
+    }
+
+    /// Fraction of usable blocks in use.
+    fn get_usage(&self, py: Python<'_>) -> f64 {
+        self.with_manager(py, |m| m.usage())
+    }
+
+    /// Free blocks in the pool.
+    fn get_num_free_blocks(&self, py: Python<'_>) -> usize {
+        self.with_manager(py, |m| m.pool().num_free_blocks())
+    }
+
+    /// Queued KV-cache events, oldest first (the queue is emptied).
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.with_manager(py, |m| m.take_events());
+        events_to_py(py, events)
+    }
+
+    /// Clears the prefix cache; ``False`` (nothing changes) while blocks are in use.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> bool {
+        self.with_manager(py, |m| m.reset_prefix_cache())
+    }
+
+    /// Raises ``InvariantError`` if the pool, the tables or the requests disagree.
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        let result = self.with_manager(py, |m| m.check_invariants());
+        result.map_err(|problems| error(py, ErrorKind::Invariant, problems.join("; ")))
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.with_manager(py, |m| m.request_ids().count())
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "GroupManager(num_blocks={}, groups={}, requests={})",
+            self.num_blocks,
+            self.num_groups,
+            self.__len__(py)
+        )
+    }
+}

@@ -1,0 +1,422 @@
+//! `GroupManager`: [`super::KVCacheManager`] for a hybrid model, several KV-cache
+//! groups (full attention, sliding window, chunked local) over one pool. The manager
+//! owns each request's tokens, block hashes and computed-token count; the block rules
+//! are [`super::GroupTables`]'s (vLLM 0.33's hybrid coordinator), which it drives with
+//! that state.
+
+use hashbrown::HashMap;
+
+use super::block_pool::{BlockPool, PoolConfig};
+use super::error::{PoolError, PoolResult};
+use super::events::PoolEvent;
+use super::group_hits::GroupHit;
+use super::group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
+use super::kv_groups::{GroupSpec, KvGroups};
+use super::manager::{LoraInfo, ManagerConfig};
+use super::request_id::RequestId;
+use super::step::StepRequest;
+use super::tracker::{Sequence, SequenceExtras, SequenceHasher, TokenIds};
+
+/// One request: its tokens and hashes, and how far it is computed.
+#[derive(Debug)]
+struct GroupRequest {
+    seq: Sequence,
+    num_computed_tokens: usize,
+    /// vLLM's `request.shared_prefix_boundary`, set by each hit lookup.
+    shared_prefix_boundary: usize,
+    lora: LoraInfo,
+}
+
+/// What a batched step did, per request in order (group tables per request).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupStepOutcome {
+    /// New block ids, request by request and, within one, group by group.
+    pub block_ids: Vec<u32>,
+    /// `n_requests * n_groups + 1` offsets: request `i`'s group-`g` blocks are
+    /// `block_ids[offsets[i * n_groups + g]..offsets[i * n_groups + g + 1]]`.
+    pub offsets: Vec<usize>,
+    /// Tokens scheduled per request (0 where allocation failed or was not tried).
+    pub num_scheduled_tokens: Vec<usize>,
+    /// Prefix-hit tokens per request (non-zero only for requests starting now).
+    pub num_hit_tokens: Vec<usize>,
+    /// Whether each request got its slots.
+    pub allocated: Vec<bool>,
+}
+
+/// The per-request block manager for several KV-cache groups.
+#[derive(Debug)]
+pub struct GroupManager {
+    pool: BlockPool,
+    tables: GroupTables,
+    hasher: SequenceHasher,
+    requests: HashMap<RequestId, GroupRequest>,
+}
+
+fn unknown(id: &RequestId) -> PoolError {
+    PoolError::UnknownRequest(id.to_string())
+}
+
+impl GroupManager {
+    /// A manager and its pool (with a null block) for the groups `specs`, all of
+    /// `config.block_size` tokens per block; `max_in_flight_tokens` bounds what a
+    /// window group holds per request for the full-sequence gate (default
+    /// `max_model_len`), `retention_interval` is vLLM's sliding-window retention.
+    pub fn new(
+        config: ManagerConfig,
+        specs: Vec<GroupSpec>,
+        max_in_flight_tokens: Option<usize>,
+        retention_interval: Option<usize>,
+    ) -> PoolResult<Self> {
+        let block_size = config.block_size as usize;
+        let layout = KvGroups::new(specs, block_size, retention_interval)?;
+        let mut pool_config = PoolConfig::new(config.num_blocks);
+        pool_config.block_size = config.block_size;
+        pool_config.enable_caching = config.enable_caching;
+        pool_config.enable_events = config.enable_events;
+        pool_config.max_pending_events = config.max_pending_events;
+        pool_config.hash_width = Some(config.hash_algo.digest_len());
+        let pool = BlockPool::new(pool_config)?;
+        let mut hasher = SequenceHasher::new(block_size, config.hash_algo, &config.seed)?;
+        if !config.enable_caching {
+            hasher.disable_hashing();
+        }
+        let max_model_len = config.max_model_len.unwrap_or(usize::MAX / 2);
+        let tables = GroupTables::new(
+            layout,
+            max_model_len,
+            max_in_flight_tokens.unwrap_or(max_model_len),
+            false,
+        )?;
+        Ok(Self {
+            pool,
+            tables,
+            hasher,
+            requests: HashMap::new(),
+        })
+    }
+
+    /// The pool underneath (read-only: all changes go through the manager).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &KvGroups {
+        self.tables.layout()
+    }
+
+    /// Whether the manager reads token ids (only with prefix caching on).
+    pub fn keeps_tokens(&self) -> bool {
+        self.hasher.keeps_tokens()
+    }
+
+    fn request(&self, id: &RequestId) -> PoolResult<&GroupRequest> {
+        self.requests.get(id).ok_or_else(|| unknown(id))
+    }
+
+    /// Starts tracking a request with its prompt (at least one token).
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        prompt: TokenIds<'_>,
+        extras: SequenceExtras,
+        lora: LoraInfo,
+    ) -> PoolResult<()> {
+        if self.requests.contains_key(&id) {
+            return Err(PoolError::DuplicateRequest(id.to_string()));
+        }
+        if prompt.is_empty() {
+            return Err(PoolError::InvalidArgument(
+                "a request needs at least one prompt token".into(),
+            ));
+        }
+        let seq = self.hasher.new_sequence(prompt, extras)?;
+        self.requests.insert(
+            id,
+            GroupRequest {
+                seq,
+                num_computed_tokens: 0,
+                shared_prefix_boundary: 0,
+                lora,
+            },
+        );
+        Ok(())
+    }
+
+    /// Appends generated (or newly known) token ids to a request.
+    pub fn append_token_ids(&mut self, id: &RequestId, tokens: TokenIds<'_>) -> PoolResult<()> {
+        let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        self.hasher.append_tokens(&mut request.seq, tokens)?;
+        Ok(())
+    }
+
+    /// The request's tokens so far.
+    pub fn num_tokens(&self, id: &RequestId) -> PoolResult<usize> {
+        Ok(self.request(id)?.seq.num_tokens())
+    }
+
+    /// Tokens the manager counts as computed for the request.
+    pub fn num_computed_tokens(&self, id: &RequestId) -> PoolResult<usize> {
+        Ok(self.request(id)?.num_computed_tokens)
+    }
+
+    /// The request's blocks in group `g`.
+    pub fn block_ids(&self, id: &RequestId, g: usize) -> PoolResult<&[u32]> {
+        self.request(id)?;
+        Ok(self.tables.blocks(id.key(), g))
+    }
+
+    /// The longest prefix hit valid for every group, capped below the request's last
+    /// token (none without prefix caching). Records the request's shared-prefix
+    /// boundary (the hit plus what some group had cached beyond it), which its later
+    /// caching keeps reachable, as vLLM's scheduler does.
+    pub fn get_computed_blocks(&mut self, id: &RequestId) -> PoolResult<GroupHit> {
+        let Self {
+            pool,
+            tables,
+            requests,
+            ..
+        } = self;
+        let request = requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        Self::lookup(pool, tables, request)
+    }
+
+    fn lookup(
+        pool: &BlockPool,
+        tables: &GroupTables,
+        request: &mut GroupRequest,
+    ) -> PoolResult<GroupHit> {
+        let max = request.seq.num_tokens().saturating_sub(1);
+        let hit = tables.find_longest_cache_hit(pool, request.seq.block_hashes(), max)?;
+        let uncached = hit.num_uncached_common_prefix_tokens;
+        request.shared_prefix_boundary = if uncached > 0 {
+            hit.num_tokens + uncached
+        } else {
+            0
+        };
+        Ok(hit)
+    }
+
+    /// vLLM's `allocate_slots` for `num_new_tokens` more tokens (and
+    /// `num_lookahead_tokens` speculative slots), adopting the hit `hits` (per
+    /// group, `None`: nothing to adopt) of `num_new_computed_tokens` tokens: each
+    /// group's new blocks appended to `out`, `n_groups + 1` offsets to `offsets`;
+    /// `Ok(false)` when they do not fit. On success the request's computed tokens
+    /// advance by the hit and the new tokens.
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocate_slots(
+        &mut self,
+        id: &RequestId,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        hits: Option<GroupBlocks<'_>>,
+        num_lookahead_tokens: usize,
+        out: &mut Vec<u32>,
+        offsets: &mut Vec<usize>,
+    ) -> PoolResult<bool> {
+        let Self {
+            pool,
+            tables,
+            requests,
+            ..
+        } = self;
+        let request = requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        Self::allocate(
+            pool,
+            tables,
+            id,
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            hits,
+            num_lookahead_tokens,
+            out,
+            offsets,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn allocate(
+        pool: &mut BlockPool,
+        tables: &mut GroupTables,
+        id: &RequestId,
+        request: &mut GroupRequest,
+        num_new_tokens: usize,
+        num_new_computed_tokens: usize,
+        hits: Option<GroupBlocks<'_>>,
+        num_lookahead_tokens: usize,
+        out: &mut Vec<u32>,
+        offsets: &mut Vec<usize>,
+    ) -> PoolResult<bool> {
+        let seq = &request.seq;
+        let call = GroupSlotCall {
+            num_new_computed_tokens,
+            new_computed_blocks: hits,
+            num_lookahead_tokens,
+            num_prompt_tokens: seq.num_prompt_tokens(),
+            shared_prefix_boundary: request.shared_prefix_boundary,
+            token_ids: (pool.config().enable_events && seq.tokens().len() == seq.num_tokens())
+                .then(|| seq.tokens()),
+            lora: &request.lora,
+            ..GroupSlotCall::new(
+                request.num_computed_tokens,
+                seq.num_tokens(),
+                seq.block_hashes(),
+                num_new_tokens,
+            )
+        };
+        let ok = tables.allocate_slots(pool, id.key(), &call, out, offsets)?;
+        if ok {
+            request.num_computed_tokens += num_new_computed_tokens + num_new_tokens;
+        }
+        Ok(ok)
+    }
+
+    /// One scheduler step in one call, as [`super::KVCacheManager::schedule_step`]:
+    /// a request that has not started looks its hit up first and schedules
+    /// `min(num_new_tokens, num_tokens - hit)` tokens; a running one schedules
+    /// `num_new_tokens`. A request that does not fit is marked and, with
+    /// `stop_at_first_failure`, ends the step. Unknown ids fail the whole step first.
+    pub fn schedule_step(
+        &mut self,
+        step: &[StepRequest<'_>],
+        stop_at_first_failure: bool,
+        out: &mut GroupStepOutcome,
+    ) -> PoolResult<()> {
+        if let Some(r) = step.iter().find(|r| !self.requests.contains_key(r.id)) {
+            return Err(unknown(r.id));
+        }
+        let n_groups = self.tables.layout().len();
+        out.offsets.push(out.block_ids.len());
+        let mut stopped = false;
+        let (mut hit_flat, mut hit_offsets, mut offsets) = (Vec::new(), Vec::new(), Vec::new());
+        for req in step {
+            let (mut scheduled, mut hit_tokens, mut ok) = (0, 0, false);
+            let start = out.block_ids.len();
+            if !stopped {
+                let Self {
+                    pool,
+                    tables,
+                    requests,
+                    ..
+                } = self;
+                let request = requests.get_mut(req.id).ok_or_else(|| unknown(req.id))?;
+                let mut num_new = req.num_new_tokens;
+                let waiting = request.num_computed_tokens == 0
+                    && (0..n_groups).all(|g| tables.blocks(req.id.key(), g).is_empty());
+                let mut hits = None;
+                if waiting {
+                    let hit = Self::lookup(pool, tables, request)?;
+                    hit_tokens = hit.num_tokens;
+                    num_new = num_new.min(request.seq.num_tokens() - hit_tokens);
+                    hit_flat.clear();
+                    hit_offsets.clear();
+                    hit_offsets.push(0);
+                    for group in &hit.blocks {
+                        hit_flat.extend_from_slice(group);
+                        hit_offsets.push(hit_flat.len());
+                    }
+                    if !hit_flat.is_empty() {
+                        hits = Some(GroupBlocks {
+                            flat: &hit_flat,
+                            offsets: &hit_offsets,
+                        });
+                    }
+                }
+                offsets.clear();
+                ok = num_new + hit_tokens > 0
+                    && Self::allocate(
+                        pool,
+                        tables,
+                        req.id,
+                        request,
+                        num_new,
+                        hit_tokens,
+                        hits,
+                        req.num_lookahead_tokens,
+                        &mut out.block_ids,
+                        &mut offsets,
+                    )?;
+                if ok {
+                    scheduled = num_new;
+                    out.offsets.extend(offsets.iter().skip(1));
+                } else {
+                    hit_tokens = 0;
+                    stopped = stop_at_first_failure;
+                }
+            }
+            if !ok {
+                out.block_ids.truncate(start);
+                out.offsets.extend(std::iter::repeat_n(start, n_groups));
+            }
+            out.num_scheduled_tokens.push(scheduled);
+            out.num_hit_tokens.push(hit_tokens);
+            out.allocated.push(ok);
+        }
+        Ok(())
+    }
+
+    /// Frees the request's blocks (each group's tail first) and forgets it.
+    pub fn free(&mut self, id: &RequestId) -> PoolResult<()> {
+        self.request(id)?;
+        self.tables.free(&mut self.pool, id.key())?;
+        self.requests.remove(id);
+        Ok(())
+    }
+
+    /// Preemption: frees the request's blocks; it keeps its tokens and restarts from
+    /// zero computed tokens.
+    pub fn preempt(&mut self, id: &RequestId) -> PoolResult<()> {
+        self.request(id)?;
+        self.tables.free(&mut self.pool, id.key())?;
+        let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        request.num_computed_tokens = 0;
+        request.seq.reset();
+        Ok(())
+    }
+
+    /// The tracked request ids, in no particular order.
+    pub fn request_ids(&self) -> impl Iterator<Item = &RequestId> {
+        self.requests.keys()
+    }
+
+    /// The pool's and the tables' invariants, and that every table belongs to a
+    /// tracked request.
+    pub fn check_invariants(&self) -> Result<(), Vec<String>> {
+        let mut problems = self
+            .tables
+            .check_invariants(&self.pool)
+            .err()
+            .unwrap_or_default();
+        for id in self.tables.request_ids() {
+            if !self.requests.contains_key(id) {
+                problems.push(format!("request {id} has tables but is not tracked"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Fraction of usable blocks in use.
+    pub fn usage(&self) -> f64 {
+        self.pool.usage()
+    }
+
+    /// Queued KV-cache events.
+    pub fn take_events(&mut self) -> Vec<PoolEvent> {
+        self.pool.take_events()
+    }
+
+    /// Clears the prefix cache if no block is in use.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.pool.reset_prefix_cache()
+    }
+
+    /// The request's LoRA identity (for events).
+    pub fn lora(&self, id: &RequestId) -> PoolResult<&LoraInfo> {
+        Ok(&self.request(id)?.lora)
+    }
+}

@@ -1,0 +1,129 @@
+"""``kvpool.GroupManager``: the manager for hybrid models (several KV-cache groups).
+
+Its block rules are ``GroupTables``' (compared with vLLM's own hybrid coordinator in
+``test_hybrid_differential.py``, where the manager is fed the same calls); here: a batched
+step equals the one-by-one calls, window groups give blocks back, and bad input is refused
+without changing anything.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kvpool
+
+GROUPS: list[Any] = [("sliding_window", 16), "full", ("chunked_local", 32)]
+
+
+def manager(**kwargs: Any) -> kvpool.GroupManager:
+    return kvpool.GroupManager(400, 4, GROUPS, enable_events=True, **kwargs)
+
+
+def one_by_one(m: kvpool.GroupManager, rids: list[str], num_new: int) -> list[Any]:
+    out = []
+    for rid in rids:
+        n = num_new
+        hits, hit_tokens = (None, 0)
+        if m.get_num_computed_tokens(rid) == 0:
+            blocks, hit_tokens = m.get_computed_blocks(rid)
+            hits = blocks if any(len(b) for b in blocks) else None
+            n = min(n, m.get_num_tokens(rid) - hit_tokens)
+        got = m.allocate_slots(rid, n, num_new_computed_tokens=hit_tokens, new_computed_blocks=hits)
+        out.append(None if got is None else ([g.tolist() for g in got], n, hit_tokens))
+    return out
+
+
+def stepped(m: kvpool.GroupManager, rids: list[str], num_new: int) -> list[Any]:
+    r = m.schedule_step(rids, num_new)
+    g = m.num_groups
+    out = []
+    for i in range(len(rids)):
+        if not r.allocated[i]:
+            out.append(None)
+            continue
+        cuts = r.offsets[i * g:(i + 1) * g + 1]
+        groups = [r.block_ids[a:b].tolist() for a, b in zip(cuts, cuts[1:])]
+        out.append((groups, int(r.num_scheduled_tokens[i]), int(r.num_hit_tokens[i])))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_schedule_step_equals_the_one_by_one_calls(seed: int) -> None:
+    rng = random.Random(seed)
+    a, b = manager(), manager()
+    prefix = [rng.randrange(1000) for _ in range(40)]
+    rids: list[str] = []
+    next_id = 0
+    for step in range(12):
+        for _ in range(rng.randint(0, 3)):
+            rid = f"r{next_id}"
+            next_id += 1
+            prompt = prefix[: rng.randint(0, 40)] + [rng.randrange(1000) for _ in range(rng.randint(1, 30))]
+            for m in (a, b):
+                m.add_request(rid, prompt)
+            rids.append(rid)
+        live = list(rids)
+        num_new = rng.choice([1, 4, 16, 64])
+        assert one_by_one(a, live, num_new) == stepped(b, live, num_new)
+        for rid in list(live):
+            if a.get_num_computed_tokens(rid) >= a.get_num_tokens(rid):
+                tok = rng.randrange(1000)
+                a.append_token_ids(rid, [tok])
+                b.append_token_ids(rid, [tok])
+            if rng.random() < 0.2:
+                a.free(rid)
+                b.free(rid)
+                rids.remove(rid)
+        assert [g.tolist() for r in rids for g in a.get_block_ids(r)] == [g.tolist() for r in rids for g in b.get_block_ids(r)]
+        assert a.get_num_free_blocks() == b.get_num_free_blocks()
+        assert a.take_events() == b.take_events()
+        a.check_invariants()
+        b.check_invariants()
+
+
+def test_window_groups_give_back_blocks_and_a_resend_hits() -> None:
+    m = manager()
+    prompt = list(range(64))
+    m.add_request("a", prompt)
+    blocks = m.allocate_slots("a", 64)
+    assert blocks is not None and [len(g) for g in blocks] == [16, 16, 16]
+    m.append_token_ids("a", [1])
+    m.allocate_slots("a", 1)  # 64 computed: the window (16) and the chunk (32) skip blocks
+    window, full, local = (g.tolist() for g in m.get_block_ids("a"))
+    assert window[:12] == [0] * 12 and 0 not in full and local[:16] == [0] * 16
+    m.free("a")
+    m.add_request("b", prompt)
+    hits, n = m.get_computed_blocks("b")
+    assert n == 60 and len(hits[1]) == 15
+    m.check_invariants()
+
+
+def test_preempt_restarts_and_bad_input_changes_nothing() -> None:
+    m = manager()
+    m.add_request("a", list(range(20)))
+    m.allocate_slots("a", 20)
+    before = (m.get_num_free_blocks(), [g.tolist() for g in m.get_block_ids("a")])
+    for call, error in [
+        (lambda: m.allocate_slots("nope", 1), kvpool.UnknownRequestError),
+        (lambda: m.add_request("a", [1]), kvpool.DuplicateRequestError),
+        (lambda: m.add_request("b", []), kvpool.InvalidArgumentError),
+        (lambda: m.add_request("b", "abc"), kvpool.DtypeError),
+        (lambda: m.allocate_slots("a", 4, num_new_computed_tokens=4, new_computed_blocks=[[999_999], [], []]),
+         kvpool.InvalidBlockIdError),
+        (lambda: m.schedule_step(["a", "nope"], 1), kvpool.UnknownRequestError),
+        (lambda: m.schedule_step(["a"], np.array([1, 2])), kvpool.InvalidArgumentError),
+    ]:
+        with pytest.raises(error):
+            call()
+        assert (m.get_num_free_blocks(), [g.tolist() for g in m.get_block_ids("a")]) == before
+    m.preempt("a")
+    assert m.get_num_computed_tokens("a") == 0 and m.get_num_free_blocks() == 399
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kvpool.GroupManager(10, 4, [("sliding_window", 0)])
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kvpool.GroupManager(10, 4, ["full"], retention_interval=8)
+    m.check_invariants()
