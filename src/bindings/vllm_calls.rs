@@ -46,7 +46,7 @@ impl PyVllmManagerCalls {
 }
 
 /// `request.<name>`, or a `DtypeError` naming what a vLLM `Request` should have.
-fn request_field<'py>(
+pub(super) fn request_field<'py>(
     request: &Bound<'py, PyAny>,
     name: &Bound<'py, PyString>,
 ) -> PyResult<Bound<'py, PyAny>> {

@@ -10,10 +10,11 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, type_name};
-use super::errors::{error, ErrorKind, IntoPyResult};
+use super::convert::{ids_to_numpy, int_arg, opt_bool_arg};
+use super::errors::IntoPyResult;
 use super::group_tables::{GroupSlotArgs, PyGroupTables};
 use super::hashing::hash_slice_of;
+use super::vllm_calls::request_field;
 
 /// ``VllmGroupCalls(tables, empty_blocks, blocks_class, group_ids_of, waiting_statuses,
 /// watermark_blocks)``: vLLM's per-request ``KVCacheManager`` calls over ``tables``.
@@ -29,23 +30,6 @@ pub struct PyVllmGroupCalls {
     group_ids_of: Py<PyAny>,
     waiting_statuses: Py<PyTuple>,
     watermark_blocks: usize,
-}
-
-/// `request.<name>`, or a `DtypeError` naming what a vLLM `Request` should have.
-fn request_field<'py>(
-    request: &Bound<'py, PyAny>,
-    name: &Bound<'py, PyString>,
-) -> PyResult<Bound<'py, PyAny>> {
-    request.getattr(name).map_err(|_| {
-        error(
-            request.py(),
-            ErrorKind::Dtype,
-            format!(
-                "request must be a vLLM Request with {name}, got {}",
-                type_name(request)
-            ),
-        )
-    })
 }
 
 impl PyVllmGroupCalls {

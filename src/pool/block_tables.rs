@@ -427,22 +427,11 @@ impl BlockTables {
     /// Checks the pool and that the tables hold exactly the pool's references.
     pub fn check_invariants(&self, pool: &BlockPool) -> Result<(), Vec<String>> {
         let mut problems = pool.check_invariants().err().unwrap_or_default();
-        let mut holders = vec![0u32; pool.num_blocks() as usize];
-        for table in self.tables.values() {
-            for &b in &table.blocks {
-                if let Some(h) = holders.get_mut(b as usize) {
-                    *h += 1;
-                }
-            }
-        }
-        for (id, count) in pool.ref_counts().enumerate() {
-            if Some(id as u32) != pool.null_block() && count < holders[id] {
-                problems.push(format!(
-                    "block {id} has count {count} but {} table entries",
-                    holders[id]
-                ));
-            }
-        }
+        slots::check_holders(
+            pool,
+            self.tables.values().flat_map(|t| t.blocks.iter()),
+            &mut problems,
+        );
         if problems.is_empty() {
             Ok(())
         } else {

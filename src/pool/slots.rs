@@ -19,3 +19,27 @@ pub fn evictable(pool: &BlockPool, hits: &[u32]) -> usize {
         .filter(|&&b| Some(b) != null && pool.ref_count(b).is_ok_and(|c| c == 0))
         .count()
 }
+
+/// The tables' side of both tables' invariants: no block is named by more table
+/// entries than its reference count (the null block aside). Pushes a description of
+/// each block that is.
+pub fn check_holders<'a>(
+    pool: &BlockPool,
+    entries: impl Iterator<Item = &'a u32>,
+    problems: &mut Vec<String>,
+) {
+    let mut holders = vec![0u32; pool.num_blocks() as usize];
+    for &b in entries {
+        if let Some(h) = holders.get_mut(b as usize) {
+            *h += 1;
+        }
+    }
+    for (id, count) in pool.ref_counts().enumerate() {
+        if Some(id as u32) != pool.null_block() && count < holders[id] {
+            problems.push(format!(
+                "block {id} has count {count} but {} table entries",
+                holders[id]
+            ));
+        }
+    }
+}

@@ -37,6 +37,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
 import kvpool
+from kvpool.vllm._manager import ManagerCommon
 from kvpool.vllm._views import BlockList, BlockPoolView, BlockView, block_ids_of
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -254,7 +255,7 @@ class KVCacheCoordinatorNoPrefixCache(GroupsCoordinatorView):
     """Prefix caching off."""
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(ManagerCommon):
     """vLLM 0.33's ``KVCacheManager`` for full-attention, sliding-window and chunked-local
     groups, on ``kvpool.GroupTables`` (built by ``kvpool.vllm.KVCacheManager``)."""
 
@@ -343,11 +344,6 @@ class HybridKVCacheManager:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _drain_events(self, request: Request | None = None) -> None:
-        from kvpool.vllm._manager import KVCacheManager as _Single
-
-        _Single._drain_events(self, request)  # type: ignore[arg-type]
-
     def _block_stored(self, request: Request, event: Any) -> Any:
         """vLLM's ``BlockStored`` for one ``cache_full_blocks`` call of a group: its token
         ids span every block the call covered (``num_cached..num_full``), its hashes and
@@ -400,29 +396,6 @@ class HybridKVCacheManager:
                 event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = self._event_metadata[event.group_idx]
         return events
 
-    # -- stats -------------------------------------------------------------------------------
-
-    @property
-    def usage(self) -> float:
-        return self._pool.get_usage()
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        assert self.prefix_cache_stats is not None
-        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
-                                       preempted=request.num_preemptions > 0)
-
     # -- reads -------------------------------------------------------------------------------
 
     def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
@@ -431,10 +404,6 @@ class HybridKVCacheManager:
         shared-prefix boundary (where a lagging window group stops plus the prefix it has
         not cached yet; 0 when none)."""
         return self._calls.get_computed_blocks(request, max_cache_hit_length)
-
-    def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
-                                          ) -> tuple[KVCacheBlocks, int, int, bool]:
-        return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         return self._calls.get_blocks(request_id)
@@ -530,18 +499,6 @@ class HybridKVCacheManager:
 
     def pop_blocks_for_free(self, request: Request) -> list[Any]:
         raise NotImplementedError("kvpool.vllm does not cover deferred frees with several KV-cache groups")
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        raise NotImplementedError("kvpool.vllm does not cover async KV loads")
-
-    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
-        return [], []
-
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        return {}
-
-    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        return []
 
     def new_step_starts(self) -> None:
         """Nothing to do per step."""

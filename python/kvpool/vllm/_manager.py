@@ -85,7 +85,81 @@ def is_single_full_group(kv_cache_config: KVCacheConfig) -> bool:
     return len(groups) == 1 and type(groups[0].kv_cache_spec) is FullAttentionSpec
 
 
-class KVCacheManager:
+class ManagerCommon:
+    """What kvpool's two vLLM managers (one full-attention group, several groups) share: the
+    statistics, the event drain and the calls whose answer does not depend on the groups."""
+
+    _pool: kvpool.BlockPool
+    _events: list[Any]
+    log_stats: bool
+    enable_caching: bool
+    prefix_cache_stats: PrefixCacheStats | None
+
+    def _block_stored(self, request: Request, event: Any) -> BlockStored:
+        raise NotImplementedError
+
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
+                            ) -> tuple[KVCacheBlocks, int, int]:
+        raise NotImplementedError
+
+    def _drain_events(self, request: Request | None = None) -> None:
+        """Moves the Rust pool's new events into vLLM's event classes, in order. A
+        ``BlockStored`` belongs to ``request``, whose blocks it just cached: its token ids,
+        LoRA and extra keys come from the request, as vLLM's block pool takes them."""
+        for event in self._pool.take_events():
+            if isinstance(event, kvpool.BlockRemoved):
+                self._events.extend(
+                    BlockRemoved(block_hashes=[maybe_convert_block_hash(h)], medium=MEDIUM_GPU, group_idx=event.group_idx)
+                    for h in event.block_hashes
+                )
+            elif isinstance(event, kvpool.AllBlocksCleared):
+                self._events.append(AllBlocksCleared())
+            elif isinstance(event, kvpool.BlockStored) and request is not None:
+                self._events.append(self._block_stored(request, event))
+
+    @property
+    def usage(self) -> float:
+        """The KV cache usage (between 0.0 and 1.0)."""
+        return self._pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Get (and reset) the prefix cache stats; ``None`` without ``log_stats``."""
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Whether a local prefix cache lookup may be run for this request."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        assert self.prefix_cache_stats is not None
+        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                       preempted=request.num_preemptions > 0)
+
+    def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
+                                          ) -> tuple[KVCacheBlocks, int, int, bool]:
+        return *self.get_computed_blocks(request, max_cache_hit_length), False
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        raise NotImplementedError("kvpool.vllm does not cover async KV loads")
+
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        return []
+
+
+
+class KVCacheManager(ManagerCommon):
     """vLLM 0.33's ``KVCacheManager`` (one full-attention group) on kvpool's Rust core.
 
     Building it for a configuration kvpool does not cover returns vLLM's own manager.
@@ -194,21 +268,6 @@ class KVCacheManager:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _drain_events(self, request: Request | None = None) -> None:
-        """Moves the Rust pool's new events into vLLM's event classes, in order. A
-        ``BlockStored`` belongs to ``request``, whose blocks it just cached: its token ids,
-        LoRA and extra keys come from the request, as vLLM's block pool takes them."""
-        for event in self._pool.take_events():
-            if isinstance(event, kvpool.BlockRemoved):
-                self._events.extend(
-                    BlockRemoved(block_hashes=[maybe_convert_block_hash(h)], medium=MEDIUM_GPU, group_idx=event.group_idx)
-                    for h in event.block_hashes
-                )
-            elif isinstance(event, kvpool.AllBlocksCleared):
-                self._events.append(AllBlocksCleared())
-            elif isinstance(event, kvpool.BlockStored) and request is not None:
-                self._events.append(self._block_stored(request, event))
-
     def _block_stored(self, request: Request, event: Any) -> BlockStored:
         bs = self.block_size
         # The first newly cached block: where the event's first hash is in the request's
@@ -256,30 +315,6 @@ class KVCacheManager:
 
     # -- reads -------------------------------------------------------------------------------
 
-    @property
-    def usage(self) -> float:
-        """The KV cache usage (between 0.0 and 1.0)."""
-        return self._pool.get_usage()
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """Get (and reset) the prefix cache stats; ``None`` without ``log_stats``."""
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        """Whether a local prefix cache lookup may be run for this request."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        assert self.prefix_cache_stats is not None
-        self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
-                                       preempted=request.num_preemptions > 0)
-
     def _blocks(self, ids: np.ndarray) -> KVCacheBlocks:
         return KvpoolBlocks(self._pool, ids) if len(ids) else self.empty_kv_cache_blocks
 
@@ -288,10 +323,6 @@ class KVCacheManager:
         """The cached blocks of the request's longest cached prefix, their token count, and
         the shared-prefix boundary (always 0 with one group)."""
         return self._calls.get_computed_blocks(request, max_cache_hit_length)
-
-    def get_computed_blocks_for_connector(self, request: Request, max_cache_hit_length: int | None = None
-                                          ) -> tuple[KVCacheBlocks, int, int, bool]:
-        return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         """The request's blocks."""
@@ -371,18 +402,6 @@ class KVCacheManager:
         if not self._records_new_block_ids:
             return []
         return self._tables.take_new_block_ids().tolist()  # type: ignore[no-any-return]
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        raise NotImplementedError("kvpool.vllm does not cover async KV loads")
-
-    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
-        return [], []
-
-    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        return {}
-
-    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        return []
 
     def new_step_starts(self) -> None:
         """Nothing to do per step with one full-attention group."""
