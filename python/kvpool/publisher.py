@@ -1,0 +1,251 @@
+"""Publishing KV-cache events over ZeroMQ exactly as vLLM 0.33's ``ZmqEventPublisher`` does,
+for engines that run kvpool directly, so that KV-aware routers (Dynamo's indexer, llm-d's)
+see them as they see vLLM's.
+
+The wire: a PUB socket sends three frames per batch, the topic (may be empty), the batch's
+sequence number as 8 bytes big-endian (from 0) and the msgpack payload (:mod:`kvpool.wire`).
+A ROUTER socket serves replay: a request ``(identity, b"", start_seq)`` is answered with every
+buffered batch from ``start_seq`` on, ``(identity, b"", topic, seq, payload)`` each, then the
+end marker ``(identity, b"", b"", (-1).to_bytes(8, "big", signed=True), b"")``. The last
+``buffer_steps`` batches are kept for replay.
+
+Unlike vLLM's publisher, ``publish`` never blocks: it only queues the events (converting and
+encoding happen on the publisher's thread), and when ``max_queue_size`` batches are already
+waiting the new one is dropped and counted (``stats()``), so a scheduler step never waits on
+the network or on a slow consumer. Needs ``pip install 'kvpool[wire]'`` (msgspec, pyzmq).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from kvpool import wire
+
+#: The replay end marker's sequence frame.
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+@dataclass(frozen=True)
+class PublisherStats:
+    """Counters since the publisher started."""
+
+    queued: int
+    sent: int
+    dropped: int
+    buffered: int
+    replays: int
+
+
+class ZmqPublisher:
+    """PUB (and replay ROUTER) sockets with vLLM 0.33's framing, fed from a background thread.
+
+    ``ZmqPublisher("tcp://*:5557", replay_endpoint="tcp://*:5558", topic="", data_parallel_rank=0)``;
+    ``publish(events)`` takes kvpool's events (``kvpool.BlockStored`` and friends, from
+    ``take_events()``) or :mod:`kvpool.wire` events. ``group_specs`` maps a group index to its
+    ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` for the ``BlockStored`` events.
+    """
+
+    def __init__(
+        self,
+        endpoint: str = "tcp://*:5557",
+        replay_endpoint: str | None = None,
+        *,
+        topic: str = "",
+        data_parallel_rank: int = 0,
+        buffer_steps: int = 10_000,
+        hwm: int = 100_000,
+        max_queue_size: int = 100_000,
+        group_specs: Mapping[int, tuple[str | None, int | None]] | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        if buffer_steps < 1 or max_queue_size < 1 or hwm < 0:
+            raise ValueError("buffer_steps and max_queue_size must be >= 1, hwm >= 0")
+        self._topic = topic.encode("utf-8")
+        self._rank = data_parallel_rank
+        self._group_specs = dict(group_specs or {})
+        self._queue: queue.Queue[tuple[float, list[Any]] | None] = queue.Queue(maxsize=max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._ctx = context or zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(hwm)
+        self._pub.bind(endpoint)
+        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._replay: zmq.Socket[Any] | None = None
+        self.replay_endpoint: str | None = None
+        if replay_endpoint is not None:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            # A full replay plus its end marker must fit in the send queue.
+            self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
+            self._replay.bind(replay_endpoint)
+            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._seq = 0
+        self._queued = self._sent = self._dropped = self._replays = 0
+        self._lock = threading.Lock()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="kvpool-zmq-publisher", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side -------------------------------------------------------------------
+
+    def publish(self, events: Iterable[Any], ts: float | None = None) -> bool:
+        """Queue one batch of events; ``False`` (and counted) if the queue is full. Never
+        blocks. An empty batch is not published."""
+        if not self._running:
+            raise RuntimeError("the publisher is closed")
+        batch = list(events)
+        if not batch:
+            return True
+        try:
+            self._queue.put_nowait((time.time() if ts is None else ts, batch))
+        except queue.Full:
+            with self._lock:
+                self._dropped += 1
+            return False
+        with self._lock:
+            self._queued += 1
+        return True
+
+    def stats(self) -> PublisherStats:
+        """Batches queued, sent, dropped for a full queue, held for replay; replays served."""
+        with self._lock:
+            return PublisherStats(self._queued, self._sent, self._dropped, len(self._buffer), self._replays)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued batch is sent (``False`` on timeout)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._sent >= self._queued and self._queue.empty():
+                    return True
+            time.sleep(0.001)
+        return False
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, stop the thread and close the sockets."""
+        if not self._running:
+            return
+        self.flush(timeout)
+        self._running = False
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    def __enter__(self) -> ZmqPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the publisher's thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            if self._replay is not None and self._replay.poll(0):
+                self._serve_replay()
+            try:
+                item = self._queue.get(timeout=0.01)
+            except queue.Empty:
+                continue
+            if item is None:
+                break
+            ts, events = item
+            if all(isinstance(e, wire.KVCacheEvent) for e in events):
+                converted: list[wire.WireEvent] = events
+            else:
+                converted = wire.from_pool_events(events, group_specs=self._group_specs)
+            payload = wire.encode_batch(converted, ts, self._rank)
+            seq = self._seq
+            self._seq += 1
+            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            self._buffer.append((seq, payload))
+            with self._lock:
+                self._sent += 1
+
+    def _serve_replay(self) -> None:
+        assert self._replay is not None
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3:
+            return
+        client, _, start = frames
+        first = int.from_bytes(start, "big")
+        for seq, payload in list(self._buffer):
+            if seq >= first:
+                self._replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+        with self._lock:
+            self._replays += 1
+
+
+class EventListener:
+    """A subscriber that sees every batch once, in order: it asks the replay socket for what it
+    missed when it joins late or finds a gap in the sequence numbers.
+
+    ``EventListener("tcp://host:5557", replay_endpoint="tcp://host:5558")``; ``poll(timeout)``
+    returns the next ``(seq, EventBatch)`` or ``None``. ``gaps`` counts the gaps filled.
+    """
+
+    def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
+                 context: zmq.Context[Any] | None = None) -> None:
+        self._ctx = context or zmq.Context.instance()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+        self._sub.connect(endpoint)
+        self._replay_endpoint = replay_endpoint
+        self._next: int | None = None
+        self._pending: deque[tuple[int, wire.EventBatch]] = deque()
+        self.gaps = 0
+
+    def _fetch(self, start: int, until: int) -> None:
+        """Replayed batches ``start <= seq < until`` into the pending queue."""
+        if self._replay_endpoint is None:
+            raise RuntimeError(f"batches {start}..{until - 1} were missed and there is no replay endpoint")
+        req = self._ctx.socket(zmq.DEALER)
+        try:
+            req.connect(self._replay_endpoint)
+            req.send_multipart((b"", start.to_bytes(8, "big")))
+            while True:
+                if not req.poll(5000):
+                    raise TimeoutError("the replay socket did not answer")
+                _, _, seq_bytes, payload = req.recv_multipart()
+                if seq_bytes == END_SEQ:
+                    return
+                seq = int.from_bytes(seq_bytes, "big")
+                if start <= seq < until:
+                    self._pending.append((seq, wire.decode_batch(payload)))
+        finally:
+            req.close(linger=0)
+
+    def poll(self, timeout_ms: int = 1000) -> tuple[int, wire.EventBatch] | None:
+        """The next batch in sequence, or ``None`` if none came within ``timeout_ms``."""
+        if self._pending:
+            return self._take(self._pending.popleft())
+        if not self._sub.poll(timeout_ms):
+            return None
+        _, seq_bytes, payload = self._sub.recv_multipart()
+        seq = int.from_bytes(seq_bytes, "big")
+        expected = 0 if self._next is None else self._next
+        if seq > expected:
+            self.gaps += 1
+            self._fetch(expected, seq)
+            self._pending.append((seq, wire.decode_batch(payload)))
+            return self._take(self._pending.popleft())
+        if seq < expected:
+            return self.poll(timeout_ms)  # already seen through replay
+        return self._take((seq, wire.decode_batch(payload)))
+
+    def _take(self, item: tuple[int, wire.EventBatch]) -> tuple[int, wire.EventBatch]:
+        self._next = item[0] + 1
+        return item
+
+    def close(self) -> None:
+        self._sub.close(linger=0)

@@ -1,0 +1,95 @@
+"""``kvpool.publisher``: vLLM 0.33's ZeroMQ framing, replay for late joiners and gaps, and a
+``publish`` that never blocks. Runs on loopback TCP."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+
+import kvpool  # noqa: E402
+from kvpool import wire  # noqa: E402
+from kvpool.publisher import END_SEQ, EventListener, ZmqPublisher  # noqa: E402
+
+
+def pool_events(pool: kvpool.BlockPool, i: int) -> list[object]:
+    ids = pool.get_new_blocks(1)
+    pool.cache_full_blocks(ids, [i.to_bytes(32, "big")], 0, 1, token_ids=[i, i + 1])
+    pool.free_blocks(ids)
+    return pool.take_events()
+
+
+def drain(listener: EventListener, n: int, timeout: float = 20.0) -> list[tuple[int, wire.EventBatch]]:
+    got: list[tuple[int, wire.EventBatch]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        item = listener.poll(200)
+        if item is not None:
+            got.append(item)
+    return got
+
+
+def test_frames_are_vllms() -> None:
+    with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv", data_parallel_rank=2) as pub:
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub.endpoint)
+        time.sleep(0.2)  # the slow joiner
+        pool = kvpool.BlockPool(8, block_size=2, enable_events=True)
+        events = pool_events(pool, 5)
+        assert pub.publish(events, ts=1.25)
+        assert sub.poll(5000)
+        topic, seq, payload = sub.recv_multipart()
+        assert (topic, seq) == (b"kv", (0).to_bytes(8, "big"))
+        assert payload == wire.encode_batch(wire.from_pool_events(events), 1.25, 2)
+        req = zmq.Context.instance().socket(zmq.DEALER)
+        req.connect(pub.replay_endpoint)
+        req.send_multipart((b"", (0).to_bytes(8, "big")))
+        assert req.poll(5000)
+        assert req.recv_multipart() == [b"", b"kv", seq, payload]
+        assert req.recv_multipart() == [b"", b"", END_SEQ, b""]
+        for s in (sub, req):
+            s.close(linger=0)
+        assert pub.stats().replays == 1
+
+
+def test_a_late_joiner_and_gaps_are_filled_by_replay() -> None:
+    pool = kvpool.BlockPool(64, block_size=2, enable_events=True)
+    with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=20_000) as pub:
+        sent = [pool_events(pool, i) for i in range(300)]
+        for events in sent:
+            pub.publish(events)
+        assert pub.flush()
+        listener = EventListener(pub.endpoint, pub.replay_endpoint)
+        # A small receive queue that overflows while nobody reads: gaps the listener must fill.
+        listener._sub.setsockopt(zmq.RCVHWM, 16)
+        time.sleep(0.2)
+        more = [pool_events(pool, 300 + i) for i in range(5_000)]
+        for events in more:
+            assert pub.publish(events)
+        assert pub.flush()
+        got = drain(listener, len(sent) + len(more))
+        assert [seq for seq, _ in got] == list(range(len(sent) + len(more)))
+        expected = [wire.from_pool_events(e) for e in sent + more]
+        assert [b.events for _, b in got] == expected
+        assert listener.gaps >= 1  # at least the late join
+        stats = pub.stats()
+        assert (stats.sent, stats.dropped, stats.buffered) == (5_300, 0, 5_300)
+        listener.close()
+
+
+def test_publish_never_blocks_and_counts_what_it_drops() -> None:
+    pool = kvpool.BlockPool(8, block_size=2, enable_events=True)
+    with ZmqPublisher("tcp://127.0.0.1:*", max_queue_size=1) as pub:
+        events = pool_events(pool, 1)
+        results = [pub.publish(events) for _ in range(2_000)]
+        assert pub.flush()
+        stats = pub.stats()
+        assert stats.sent + stats.dropped == 2_000 and stats.dropped == results.count(False)
+        assert pub.publish([])  # nothing to send
+    with pytest.raises(RuntimeError):
+        pub.publish(events)
+    with pytest.raises(ValueError):
+        ZmqPublisher("tcp://127.0.0.1:*", buffer_steps=0)
