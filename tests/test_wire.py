@@ -62,6 +62,46 @@ def test_random_batches_match_vllm() -> None:
         assert ours == theirs
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_a_managers_events_encode_as_vllms_publisher_would() -> None:
+    """The same cache operations through vLLM 0.33's ``BlockPool`` (its events as its
+    ``KVCacheManager`` annotates them) and kvpool's: equal payloads, byte for byte."""
+    import msgspec as ms
+    import torch
+    from vllm.distributed.kv_events import KVEventBatch
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    theirs = KVCacheManager(config, max_model_len=1000, scheduler_block_size=4, hash_block_size=4,
+                            enable_kv_cache_events=True)
+    ours = kvpool.KVCacheManager(32, 4, hash_algo="sha256", enable_events=True)
+    for i, lora in enumerate([None, LoRARequest("adapter", 7, "/x")]):
+        prompt = [i * 100 + t for t in range(14)]
+        params = SamplingParams(max_tokens=5)
+        params.update_from_generation_config({}, eos_token_id=100_000)
+        req = Request(request_id=f"r{i}", prompt_token_ids=prompt, mm_features=None, sampling_params=params,
+                      pooling_params=None, lora_request=lora, cache_salt=None,
+                      block_hasher=get_request_block_hasher(4, sha256))
+        theirs.allocate_slots(req, 14)
+        theirs.free(req)
+        ours.add_request(f"r{i}", prompt, lora=None if lora is None else ("adapter", "/x"),
+                         lora_id=None if lora is None else 7)
+        ours.allocate_slots(f"r{i}", 14)
+        ours.free(f"r{i}")
+    expected = ms.msgpack.Encoder().encode(KVEventBatch(ts=3.0, events=theirs.take_events(), data_parallel_rank=0))
+    got = wire.encode_batch(wire.from_pool_events(ours.take_events(), group_specs={0: ("full_attention", None)}),
+                            3.0, 0)
+    assert got == expected
+
+
 def test_pool_events_convert_as_vllm_publishes_them() -> None:
     pool = kvpool.BlockPool(8, block_size=2, enable_events=True)
     ids = pool.get_new_blocks(2)
@@ -77,6 +117,7 @@ def test_pool_events_convert_as_vllm_publishes_them() -> None:
         int.from_bytes(h[-8:], "big") for h in hashes]
     assert (stored.token_ids, stored.block_size, stored.group_idx, stored.parent_block_hash) == ([5, 6, 7, 8], 2, 1, None)
     assert (stored.kv_cache_spec_kind, stored.kv_cache_spec_sliding_window, stored.medium) == ("sliding_window", 128, "GPU")
+    assert stored.extra_keys == [None, None]  # vLLM sends one None per block, not nothing
     assert isinstance(removed_a, wire.BlockRemoved) and len(removed_a.block_hashes) == 1
     assert [removed_a.block_hashes[0], removed_b.block_hashes[0]] == stored.block_hashes
     payload = wire.encode_batch(events, 12.5, 0)

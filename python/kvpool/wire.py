@@ -15,7 +15,7 @@ bytes; ``tests/test_wire.py`` checks that against vLLM's own classes and pinned 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -87,16 +87,28 @@ def wire_hash(block_hash: bytes) -> int:
     return int.from_bytes(block_hash[-8:], "big")
 
 
+def plain_extra_keys(event: Any) -> list[tuple[Any, ...] | None]:
+    """vLLM's per-block ``extra_keys`` of a ``BlockStored`` for a request whose only extra
+    key is its LoRA, if any: ``(lora_name,)`` per block, else ``None`` per block (vLLM sends
+    a list of ``None``, not nothing)."""
+    key = None if event.lora_name is None else (event.lora_name,)
+    return [key] * len(event.block_hashes)
+
+
 def from_pool_events(
     events: Iterable[Any],
     *,
     group_specs: Mapping[int, tuple[str | None, int | None]] | None = None,
     medium: str = MEDIUM_GPU,
+    extra_keys: Callable[[Any], list[tuple[Any, ...] | None] | None] = plain_extra_keys,
 ) -> list[WireEvent]:
     """kvpool's events (``kvpool.BlockStored`` and friends, hashes as bytes) in vLLM's wire
     form. ``group_specs`` maps a group index to its ``(kv_cache_spec_kind,
-    kv_cache_spec_sliding_window)`` for ``BlockStored`` (vLLM's manager adds them); a
-    ``BlockRemoved`` of several hashes becomes one event per hash, as vLLM's pool emits them."""
+    kv_cache_spec_sliding_window)`` for ``BlockStored`` (vLLM's manager adds them);
+    ``extra_keys(event)`` gives a ``BlockStored``'s per-block extra keys (the default,
+    :func:`plain_extra_keys`, is exact for requests without multimodal inputs, cache salt or
+    prompt embeddings; for those pass the request's own). A ``BlockRemoved`` of several hashes
+    becomes one event per hash, as vLLM's pool emits them."""
     out: list[WireEvent] = []
     specs = group_specs or {}
     for e in events:
@@ -107,7 +119,7 @@ def from_pool_events(
                 block_hashes=[wire_hash(h) for h in e.block_hashes],
                 parent_block_hash=None if parent is None else wire_hash(parent),
                 token_ids=list(e.token_ids), block_size=e.block_size, lora_id=e.lora_id, medium=medium,
-                lora_name=e.lora_name, group_idx=e.group_idx, kv_cache_spec_kind=kind,
+                lora_name=e.lora_name, extra_keys=extra_keys(e), group_idx=e.group_idx, kv_cache_spec_kind=kind,
                 kv_cache_spec_sliding_window=window))
         elif isinstance(e, _events.BlockRemoved):
             out.extend(BlockRemoved(block_hashes=[wire_hash(h)], medium=medium, group_idx=e.group_idx)
