@@ -93,3 +93,30 @@ def test_publish_never_blocks_and_counts_what_it_drops() -> None:
         pub.publish(events)
     with pytest.raises(ValueError):
         ZmqPublisher("tcp://127.0.0.1:*", buffer_steps=0)
+
+
+def test_events_listen_records_and_stats_summarises(tmp_path: object) -> None:
+    import json
+    import subprocess
+    import sys
+
+    pool = kvpool.BlockPool(64, block_size=2, enable_events=True)
+    with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as pub:
+        for i in range(30):
+            pub.publish(pool_events(pool, i))
+        assert pub.flush()
+        run = subprocess.run([sys.executable, "-m", "kvpool", "events", "listen", pub.endpoint, "--replay",
+                              pub.replay_endpoint, "--json", "--count", "30", "--seconds", "20", "--from", "0"],
+                             capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == list(range(30))
+    path = f"{tmp_path}/rec.jsonl"
+    with open(path, "w") as f:
+        f.write(run.stdout)
+    stats = subprocess.run([sys.executable, "-m", "kvpool", "events", "stats", path],
+                           capture_output=True, text=True, check=True).stdout
+    assert "batches: 30" in stats and "blocks_stored: 30" in stats and "sequence_gaps: 0" in stats
+    bad = subprocess.run([sys.executable, "-m", "kvpool", "events", "stats", f"{tmp_path}/none"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr

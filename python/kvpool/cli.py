@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 import kvpool
+from kvpool.events_cli import add_events
 from kvpool.bench import DEFAULT_REPS, WORKLOADS, format_table, resolve_names, run_bench
 from kvpool.simulate_layers import PRESETS, layers_table, parse_layout, simulate_layers
 from kvpool.simulate import (
@@ -126,12 +127,13 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``kvpool`` argument parser with its ``bench`` and ``simulate`` subcommands."""
+    """The ``kvpool`` argument parser with its ``bench``, ``simulate`` and ``events`` subcommands."""
     parser = argparse.ArgumentParser(prog="kvpool", description="kvpool: a KV-cache block manager, in Rust.")
     parser.add_argument("--version", action="version", version=f"kvpool {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_bench(commands)
     _add_simulate(commands)
+    add_events(commands)
     return parser
 
 

@@ -225,10 +225,21 @@ class EventListener:
         finally:
             req.close(linger=0)
 
+    def replay_from(self, start: int = 0) -> int:
+        """Fetch every buffered batch from ``start`` on now (a late joiner's catch-up, before
+        any new batch arrives); they come first from :meth:`poll`. Returns how many."""
+        before = len(self._pending)
+        self._fetch(start, 2**63)
+        if len(self._pending) > before:
+            self._next = start
+        return len(self._pending) - before
+
     def poll(self, timeout_ms: int = 1000) -> tuple[int, wire.EventBatch] | None:
         """The next batch in sequence, or ``None`` if none came within ``timeout_ms``."""
-        if self._pending:
-            return self._take(self._pending.popleft())
+        while self._pending:
+            item = self._pending.popleft()
+            if self._next is None or item[0] >= self._next:
+                return self._take(item)
         if not self._sub.poll(timeout_ms):
             return None
         _, seq_bytes, payload = self._sub.recv_multipart()
