@@ -87,6 +87,9 @@ class ZmqPublisher:
             self._replay.bind(replay_endpoint)
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self._seq = 0
+        #: Sequence numbers held back from the PUB socket (kept for replay), as a lossy
+        #: network would lose them: for tests of a consumer's gap handling.
+        self.lose_on_the_wire: set[int] = set()
         self._queued = self._sent = self._dropped = self._replays = 0
         self._lock = threading.Lock()
         self._running = True
@@ -166,7 +169,8 @@ class ZmqPublisher:
             payload = wire.encode_batch(converted, ts, self._rank)
             seq = self._seq
             self._seq += 1
-            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            if seq not in self.lose_on_the_wire:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append((seq, payload))
             with self._lock:
                 self._sent += 1
