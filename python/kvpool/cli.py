@@ -25,6 +25,7 @@ from typing import TextIO
 import kvpool
 from kvpool.events_cli import add_events
 from kvpool.bench import DEFAULT_REPS, WORKLOADS, format_table, resolve_names, run_bench
+from kvpool.simulate_fleet import ROUTERS, fleet_table, simulate_fleet
 from kvpool.simulate_layers import PRESETS, layers_table, parse_layout, simulate_layers
 from kvpool.simulate import (
     IMPL_NAMES,
@@ -189,6 +190,11 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
                      + ", ".join(sorted(PRESETS)) + ") or a comma list of full, swa:W, chunked:C, each "
                      "optionally xN; several for a side-by-side table. Capacities count all groups' blocks; "
                      "without --capacity-blocks, room for every distinct id in every group")
+    sim.add_argument("--instances", type=_positive_int, default=None, metavar="N",
+                     help="replay a fleet of N instances behind a router instead (each with the capacity "
+                     "of --capacity-blocks, default 2000)")
+    sim.add_argument("--router", nargs="+", choices=("round-robin", "kv-aware"), default=None,
+                     help="with --instances: the routers to compare (default both)")
     sim.add_argument("--retention-interval", type=int, default=None, metavar="TOKENS",
                      help="with --model-layers: vLLM's prefix_cache_retention_interval for sliding windows "
                      "(default: a tail at every block)")
@@ -237,6 +243,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """``kvpool simulate``: replay the trace per capacity, print a table or JSON lines."""
     if args.model_layers:
         return _simulate_layers(args)
+    if args.instances or args.router:
+        return _simulate_fleet(args)
     if args.plot:
         load_pyplot()  # fail before the replay, not after it, if matplotlib is missing
     trace = load_trace(args.trace)
@@ -261,6 +269,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(_simulate_table(trace, results, args.block_tokens))
     if args.plot:
         _write_plot(results, args.plot)
+    return 0
+
+
+def _simulate_fleet(args: argparse.Namespace) -> int:
+    """``kvpool simulate --instances N --router ...``: the fleet's hit ratio and load per router."""
+    if args.plot:
+        raise CliError("--plot is not available with --instances")
+    trace = load_trace(args.trace)
+    instances = args.instances or 1
+    results = [simulate_fleet(trace, instances, capacity, router, block_tokens=args.block_tokens)
+               for capacity in (args.capacity_blocks or [2000]) for router in (args.router or ROUTERS)]
+    if args.json:
+        for r in results:
+            print(json.dumps(r.to_dict()))
+    else:
+        print(f"{trace.name}: {trace.num_requests} requests, {trace.num_blocks} blocks, {instances} instances")
+        print(fleet_table(results))
     return 0
 
 

@@ -178,6 +178,12 @@ def replay(pool: PoolLike, hashes: Sequence[HashInput]) -> list[int]:
     return hits
 
 
+def serve_one(pool: PoolLike, h: HashInput) -> int:
+    """One request of :func:`replay` (hit, allocate the rest, cache, free tail first); returns
+    its hit blocks. For callers that route requests between pools one at a time."""
+    return replay(pool, [h])[0]
+
+
 def _timed_replay(
     pool: PoolLike, hashes: Sequence[HashInput], progress: ProgressFn | None
 ) -> tuple[list[int], float]:
