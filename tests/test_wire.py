@@ -126,3 +126,54 @@ def test_pool_events_convert_as_vllm_publishes_them() -> None:
         wire.from_pool_events([object()])
     with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
         wire.decode_batch(b"\x93\x01")
+
+
+def random_pool_events(seed: int) -> tuple[kvpool.BlockPool, list[Any]]:
+    """A pool's events from random caching, evictions and resets; also returns the pool."""
+    rng = random.Random(seed)
+    pool = kvpool.BlockPool(40, block_size=rng.choice([1, 4, 16]), enable_events=True)
+    taken = []
+    for _ in range(rng.randint(1, 12)):
+        n = rng.randint(1, 5)
+        if pool.get_num_free_blocks() < n:
+            break
+        ids = pool.get_new_blocks(n)
+        hashes = [rng.getrandbits(256).to_bytes(32, "big") for _ in range(n)]
+        k = rng.randint(1, n)
+        lora = rng.choice([None, ("a", 3), ("adapter-name-longer-than-thirty-two-bytes", 9)])
+        pool.cache_full_blocks(ids, hashes, 0, k, group_id=rng.randint(0, 2),
+                               token_ids=[rng.randrange(-5, 300_000) for _ in range(k * pool.block_size)],
+                               lora_id=None if lora is None else lora[1], lora_name=None if lora is None else lora[0])
+        if rng.random() < 0.4:
+            pool.evict_blocks(ids[:1])
+        pool.free_blocks(ids)
+        if rng.random() < 0.1:
+            pool.reset_prefix_cache()
+    return pool, taken
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_rust_encoder_writes_kvpool_wires_bytes(seed: int) -> None:
+    """``take_events_msgpack`` (Rust) against ``kvpool.wire`` (checked against vLLM above)."""
+    pool, _ = random_pool_events(seed)
+    twin, _ = random_pool_events(seed)
+    specs = {0: ("full_attention", None), 1: ("sliding_window", 128)}
+    rank = [None, 0, 5][seed % 3]
+    payload = pool.take_events_msgpack(7.25, data_parallel_rank=rank, group_specs=specs)
+    assert payload == wire.encode_batch(wire.from_pool_events(twin.take_events(), group_specs=specs), 7.25, rank)
+
+
+def test_take_events_msgpack_checks_its_arguments_and_empties_the_queue() -> None:
+    pool, _ = random_pool_events(3)
+    with pytest.raises(kvpool.DtypeError):
+        pool.take_events_msgpack("now")  # type: ignore[arg-type]
+    with pytest.raises(kvpool.DtypeError):
+        pool.take_events_msgpack(1.0, group_specs={0: "full"})  # type: ignore[dict-item]
+    assert pool.num_pending_events > 0
+    assert wire.decode_batch(pool.take_events_msgpack(1.0)).events
+    assert pool.num_pending_events == 0
+    assert wire.decode_batch(pool.take_events_msgpack()).events == []
+    m = kvpool.KVCacheManager(16, 4, enable_events=True)
+    m.add_request("a", list(range(9)))
+    m.allocate_slots("a", 9)
+    assert len(wire.decode_batch(m.take_events_msgpack(0.0)).events) == 1

@@ -463,6 +463,27 @@ impl PyBlockPool {
         self.with_pool(py, |pool| pool.usage())
     }
 
+    /// The queued events (the queue is emptied) as the msgpack payload vLLM 0.33's
+    /// publisher sends: one ``EventBatch``, hashes as integers (``kvpool.wire``'s bytes,
+    /// encoded in Rust without a Python object per event and without the GIL). ``ts``
+    /// defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
+    /// kv_cache_spec_sliding_window)``.
+    #[pyo3(signature = (ts=None, *, data_parallel_rank=None, group_specs=None, medium=None))]
+    fn take_events_msgpack<'py>(
+        &self,
+        py: Python<'py>,
+        ts: Option<&Bound<'py, PyAny>>,
+        data_parallel_rank: Option<&Bound<'py, PyAny>>,
+        group_specs: Option<&Bound<'py, PyAny>>,
+        medium: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let args =
+            super::events::WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
+        let events = self.with_pool(py, |pool| pool.take_events());
+        let payload = args.encode(py, events);
+        Ok(pyo3::types::PyBytes::new(py, &payload))
+    }
+
     /// The queued KV-cache events, oldest first; the queue is emptied.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.with_pool(py, |pool| pool.take_events());

@@ -56,3 +56,82 @@ pub fn events_to_py<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bo
     }
     Ok(list)
 }
+
+/// `take_events_msgpack`'s arguments, converted: the batch's timestamp (now when not given),
+/// rank, medium and per-group spec labels.
+pub struct WireArgs {
+    ts: f64,
+    rank: Option<i64>,
+    medium: String,
+    specs: Vec<(u32, Option<String>, Option<i64>)>,
+}
+
+impl WireArgs {
+    /// Reads the Python arguments: ``group_specs`` maps a group index to
+    /// ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)``.
+    pub fn from_py(
+        py: Python<'_>,
+        ts: Option<&Bound<'_, PyAny>>,
+        data_parallel_rank: Option<&Bound<'_, PyAny>>,
+        group_specs: Option<&Bound<'_, PyAny>>,
+        medium: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let dtype =
+            |what: &str| super::errors::error(py, super::errors::ErrorKind::Dtype, what.to_owned());
+        let ts = match ts.filter(|o| !o.is_none()) {
+            Some(o) => o
+                .extract::<f64>()
+                .map_err(|_| dtype("ts must be a float"))?,
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        };
+        let rank = super::convert::opt_int_arg(
+            data_parallel_rank,
+            "data_parallel_rank",
+            i64::MIN,
+            i64::MAX,
+        )?;
+        let medium =
+            super::convert::opt_str_arg(medium, "medium")?.unwrap_or_else(|| "GPU".to_owned());
+        let mut specs = Vec::new();
+        if let Some(map) = group_specs.filter(|o| !o.is_none()) {
+            let dict = map.cast::<pyo3::types::PyDict>().map_err(|_| {
+                dtype("group_specs must be a dict of group index -> (kind, sliding_window)")
+            })?;
+            for (k, v) in dict.iter() {
+                let g = super::convert::int_arg(&k, "a group index", 0, u32::MAX as i64)? as u32;
+                let (kind, window): (Option<String>, Option<i64>) = v.extract().map_err(|_| {
+                    dtype("a group spec must be (kind: str | None, sliding_window: int | None)")
+                })?;
+                specs.push((g, kind, window));
+            }
+        }
+        Ok(Self {
+            ts,
+            rank,
+            medium,
+            specs,
+        })
+    }
+
+    /// The events' msgpack, encoded without the GIL.
+    pub fn encode(&self, py: Python<'_>, events: Vec<PoolEvent>) -> Vec<u8> {
+        py.detach(|| {
+            let specs: Vec<(u32, Option<&str>, Option<i64>)> = self
+                .specs
+                .iter()
+                .map(|(g, k, w)| (*g, k.as_deref(), *w))
+                .collect();
+            let batch = crate::pool::WireBatch {
+                ts: self.ts,
+                data_parallel_rank: self.rank,
+                medium: &self.medium,
+                group_specs: &specs,
+            };
+            let mut out = Vec::new();
+            crate::pool::encode_event_batch(&events, &batch, &mut out);
+            out
+        })
+    }
+}

@@ -12,6 +12,7 @@ mod block_pool;
 mod block_tables;
 mod error;
 mod events;
+mod events_wire;
 mod free_queue;
 mod group_hits;
 mod group_manager;
@@ -40,6 +41,7 @@ pub use block_pool::{
 pub use block_tables::{BlockTables, SlotCall};
 pub use error::{PoolError, PoolResult};
 pub use events::PoolEvent;
+pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
 pub use free_queue::{FreeQueue, FrontBatch, Place, QueueParts};
 pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};
 pub use group_manager::{GroupManager, GroupStepOutcome};
