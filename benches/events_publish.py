@@ -3,18 +3,23 @@
 arrives whole.
 
 1. ``overhead``: ``KVCacheManager.schedule_step`` on the serving workload with prefix caching
-   and events on (100 requests of 700 tokens, 16-token blocks: prefill, one decode token,
-   free; about 4,400 ``BlockStored`` blocks a step), the step's events taken each time. Runs
-   alternate between dropping them and ``ZmqPublisher.publish``-ing them (to a PUB socket on
-   loopback with a subscriber attached), medians of ``--rounds``; the ratio is what publishing
-   adds to the step, conversion and encoding included (they run on the publisher's thread,
-   which shares the GIL with the step).
+   and events on (100 requests of 700 fresh tokens each step, 16-token blocks: prefill, one
+   decode token, free; 4,300 blocks stored a step), the step's events taken each time. Runs
+   alternate between taking them as msgpack and dropping them, publishing that msgpack
+   (``take_events_msgpack``), and publishing the event objects (``take_events``, converted
+   and encoded on the publisher's thread, which shares the GIL with the step); each run waits
+   until its events are sent. Medians of ``--rounds``; the ratio is what publishing adds. The
+   subscriber is in the same process (on a 2-core machine its ZeroMQ I/O thread competes with
+   the step for the cores); ``--no-subscriber`` leaves it out.
 2. ``stream``: ``--events`` events (``BlockStored`` of one block each, 10 per batch) published
-   to an ``EventListener`` whose receive queue is kept small (``RCVHWM`` 64) so that the PUB
-   socket drops batches it cannot deliver; the listener fills every gap through replay. Prints
+   to an ``EventListener`` that reads only every 20,000 batches, with small queues (PUB high
+   water mark 1,000, the listener's 64) so that ZeroMQ drops what it cannot deliver; the
+   listener fills every gap through replay (a gap at the very end shows when a later batch
+   arrives, so a batch follows every 100 ms until the listener has caught up, as in a live
+   stream; those are counted as batches, not events). Prints
    how many batches and events arrived, in order, how many gaps replay filled, and the time.
 
-``python benches/events_publish.py [--rounds 7] [--events 1000000]``
+``python benches/events_publish.py [--rounds 7] [--events 1000000] [--no-subscriber]``
 """
 
 from __future__ import annotations
@@ -40,75 +45,93 @@ def serving_step(manager: kvpool.KVCacheManager, prompts: list[np.ndarray], step
     manager.free_many(rids)
 
 
-def overhead(rounds: int, steps: int) -> None:
+def overhead(rounds: int, steps: int, subscriber: bool) -> None:
     rng = np.random.default_rng(0)
-    publisher = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=10_000)
-    listener = EventListener(publisher.endpoint, publisher.replay_endpoint)
+    publisher = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=10_000,
+                             group_specs={0: ("full_attention", None)})
+    listener = EventListener(publisher.endpoint, publisher.replay_endpoint) if subscriber else None
     time.sleep(0.2)
-    times: dict[str, list[float]] = {"events dropped": [], "events published": []}
+    names = ("events dropped", "published as bytes", "published as objects")
+    times: dict[str, list[float]] = {n: [] for n in names}
     blocks = 0
     for r in range(rounds + 1):
-        for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
+        # Fresh prompts every step, so that every step stores all its blocks (made outside the clock).
+        workload = [[rng.integers(1, 50_000, 700) for _ in range(100)] for _ in range(steps)]
+        for name in (names if r % 2 == 0 else names[::-1]):
             manager = kvpool.KVCacheManager(30_000, 16, enable_events=True)
-            prompts = [rng.integers(1, 50_000, 700) for _ in range(100)]  # fresh: every block is stored
-            publish = name == "events published"
             t0 = time.perf_counter()
-            for s in range(steps):
+            for s, prompts in enumerate(workload):
                 serving_step(manager, prompts, s)
-                events = manager.take_events()
-                if publish:
-                    publisher.publish(events)
-            elapsed = time.perf_counter() - t0
-            if publish:
-                publisher.flush(60)
-                blocks = sum(len(getattr(e, "block_hashes", ())) for e in events)
-            while listener.poll(0) is not None:
+                if name == "events dropped":
+                    manager.take_events_msgpack(group_specs={0: ("full_attention", None)})
+                elif name == "published as bytes":
+                    publisher.publish(manager.take_events_msgpack(group_specs={0: ("full_attention", None)}))
+                else:
+                    publisher.publish(manager.take_events())
+            assert publisher.flush(120)
+            elapsed = time.perf_counter() - t0  # flushing counted: the thread's work shares the GIL
+            while listener is not None and listener.poll(0) is not None:
                 pass
             if r:
                 times[name].append(elapsed / steps * 1e6)
+        blocks = sum(len(prompts) * 700 // 16 for prompts in workload[:1])
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"schedule_step, serving workload, caching and events on ({blocks} blocks stored in a step's events)")
+    where = "a subscriber in this process over loopback" if subscriber else "no subscriber"
+    print(f"schedule_step, serving workload, caching and events on ({blocks:,} blocks stored a step), {where}")
     for name, us in med.items():
-        print(f"  {name:<18} {us:9.1f} µs per step")
-    print(f"  publishing adds {med['events published'] / med['events dropped'] - 1:+.1%} "
-          f"(median of {rounds} interleaved rounds of {steps} steps); publisher: {publisher.stats()}")
-    listener.close()
+        extra = "" if name == "events dropped" else f"  {us / med['events dropped'] - 1:+.1%}"
+        print(f"  {name:<22} {us:9.1f} µs per step{extra}")
+    print(f"  (medians of {rounds} interleaved rounds of {steps} steps, each run until its events are sent; "
+          f"the baseline still encodes them; publisher: {publisher.stats()})")
+    if listener is not None:
+        listener.close()
     publisher.close()
 
 
 def stream(num_events: int, per_batch: int = 10) -> None:
     publisher = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=num_events // per_batch + 1,
-                             max_queue_size=num_events // per_batch + 1)
-    listener = EventListener(publisher.endpoint, publisher.replay_endpoint)
-    import zmq
-
-    listener._sub.setsockopt(zmq.RCVHWM, 64)
+                             hwm=1_000)
+    listener = EventListener(publisher.endpoint, publisher.replay_endpoint, receive_hwm=64)
     time.sleep(0.2)
     batches = num_events // per_batch
+    got = events_seen = 0
+    in_order = True
+
+    def take(item: tuple[int, object] | None) -> bool:
+        nonlocal got, events_seen, in_order
+        if item is None:
+            return False
+        seq, batch = item
+        in_order &= seq == got
+        got += 1
+        events_seen += len(batch.events)  # type: ignore[attr-defined]
+        return True
+
     t0 = time.perf_counter()
     for b in range(batches):
         events = [kvpool.BlockStored(block_hashes=[(b * per_batch + e).to_bytes(32, "big")], parent_block_hash=None,
                                      token_ids=[1, 2], block_size=2) for e in range(per_batch)]
         publisher.publish(events, ts=float(b))
-        while (b % 2_000 == 0) and listener.poll(0) is not None:
-            pass  # the consumer lags, so batches are dropped on the wire
-    got, events_seen, expected = 0, 0, 0
-    while got < batches:
-        item = listener.poll(2_000)
-        if item is None:
-            break
-        seq, batch = item
-        if seq != expected:
-            break
-        expected += 1
-        got += 1
-        events_seen += len(batch.events)
+        if b % 20_000 == 0:  # the consumer lags behind, so ZeroMQ drops batches on the way
+            while take(listener.poll(0)):
+                pass
+    # A gap at the very end shows only when a later batch arrives, as the next batch of a live
+    # stream would bring it: while the listener has not caught up, one more batch every 100 ms.
+    heartbeats = 0
+    deadline = time.monotonic() + 120
+    while got < publisher.stats().sent and time.monotonic() < deadline:
+        if not take(listener.poll(100)):
+            publisher.publish([kvpool.AllBlocksCleared()], ts=float(batches + heartbeats))
+            heartbeats += 1
+    batches += heartbeats
+    events_seen -= heartbeats  # one AllBlocksCleared each
     elapsed = time.perf_counter() - t0
-    print(f"stream: {events_seen:,} of {num_events:,} events in {got:,} of {batches:,} batches arrived in order, "
+    print(f"stream: {events_seen:,} of {num_events:,} events in {got:,} of {batches:,} batches arrived "
+          f"({'in order' if in_order else 'OUT OF ORDER'}), "
           f"{listener.gaps} gaps filled by replay, {elapsed:.1f} s; publisher: {publisher.stats()}")
     listener.close()
     publisher.close()
-    if got != batches:
+    if got != batches or not in_order:
         sys.exit(1)
 
 
@@ -118,9 +141,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--only", choices=("overhead", "stream"))
+    ap.add_argument("--no-subscriber", action="store_true",
+                    help="overhead without a subscriber (ZeroMQ then drops the frames at once)")
     args = ap.parse_args()
     if args.only in (None, "overhead"):
-        overhead(args.rounds, args.steps)
+        overhead(args.rounds, args.steps, not args.no_subscriber)
     if args.only in (None, "stream"):
         stream(args.events)
     return 0

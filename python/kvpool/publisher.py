@@ -9,15 +9,15 @@ buffered batch from ``start_seq`` on, ``(identity, b"", topic, seq, payload)`` e
 end marker ``(identity, b"", b"", (-1).to_bytes(8, "big", signed=True), b"")``. The last
 ``buffer_steps`` batches are kept for replay.
 
-Unlike vLLM's publisher, ``publish`` never blocks: it only queues the events (converting and
-encoding happen on the publisher's thread), and when ``max_queue_size`` batches are already
-waiting the new one is dropped and counted (``stats()``), so a scheduler step never waits on
-the network or on a slow consumer. Needs ``pip install 'kvpool[wire]'`` (msgspec, pyzmq).
+Unlike vLLM's publisher, there is no Python thread between the caller and the PUB socket:
+``take_events_msgpack()`` encodes in Rust and ``publish`` hands the frames to ZeroMQ, whose
+own I/O thread sends them; a Python thread would share the GIL with the scheduler and cost it
+more (measured in ``benches/events_publish.py``). Needs ``pip install 'kvpool[wire]'``
+(msgspec, pyzmq).
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import deque
@@ -41,20 +41,23 @@ def _no_events(payload: bytes) -> bool:
 class PublisherStats:
     """Counters since the publisher started."""
 
-    queued: int
     sent: int
-    dropped: int
     buffered: int
     replays: int
 
 
 class ZmqPublisher:
-    """PUB (and replay ROUTER) sockets with vLLM 0.33's framing, fed from a background thread.
+    """PUB (and replay ROUTER) sockets with vLLM 0.33's framing.
 
     ``ZmqPublisher("tcp://*:5557", replay_endpoint="tcp://*:5558", topic="", data_parallel_rank=0)``;
-    ``publish(events)`` takes kvpool's events (``kvpool.BlockStored`` and friends, from
-    ``take_events()``) or :mod:`kvpool.wire` events. ``group_specs`` maps a group index to its
-    ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` for the ``BlockStored`` events.
+    ``publish(events)`` takes the payload of ``take_events_msgpack()`` (the fast path: encoded
+    in Rust, nothing left to do but send), kvpool's events (``take_events()``) or
+    :mod:`kvpool.wire` events (both encoded here first). ``group_specs`` maps a group index to
+    its ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` for event objects.
+
+    ``publish`` never waits on the network: a PUB socket hands the frames to ZeroMQ's own I/O
+    thread and drops them for a subscriber ``hwm`` messages behind, which then asks the replay
+    socket for them. A background thread serves replay requests only.
     """
 
     def __init__(
@@ -66,16 +69,14 @@ class ZmqPublisher:
         data_parallel_rank: int = 0,
         buffer_steps: int = 10_000,
         hwm: int = 100_000,
-        max_queue_size: int = 100_000,
         group_specs: Mapping[int, tuple[str | None, int | None]] | None = None,
         context: zmq.Context[Any] | None = None,
     ) -> None:
-        if buffer_steps < 1 or max_queue_size < 1 or hwm < 0:
-            raise ValueError("buffer_steps and max_queue_size must be >= 1, hwm >= 0")
+        if buffer_steps < 1 or hwm < 0:
+            raise ValueError("buffer_steps must be >= 1 and hwm >= 0")
         self._topic = topic.encode("utf-8")
         self._rank = data_parallel_rank
         self._group_specs = dict(group_specs or {})
-        self._queue: queue.Queue[tuple[float, list[Any] | bytes] | None] = queue.Queue(maxsize=max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._ctx = context or zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -94,58 +95,58 @@ class ZmqPublisher:
         #: Sequence numbers held back from the PUB socket (kept for replay), as a lossy
         #: network would lose them: for tests of a consumer's gap handling.
         self.lose_on_the_wire: set[int] = set()
-        self._queued = self._sent = self._dropped = self._replays = 0
+        self._sent = self._replays = 0
         self._lock = threading.Lock()
         self._running = True
-        self._thread = threading.Thread(target=self._run, name="kvpool-zmq-publisher", daemon=True)
-        self._thread.start()
-
-    # -- the caller's side -------------------------------------------------------------------
+        self._thread: threading.Thread | None = None
+        if self._replay is not None:
+            self._thread = threading.Thread(target=self._serve, name="kvpool-zmq-replay", daemon=True)
+            self._thread.start()
 
     def publish(self, events: Iterable[Any] | bytes, ts: float | None = None) -> bool:
-        """Queue one batch; ``False`` (and counted) if the queue is full. Never blocks.
-        ``events`` are kvpool's or :mod:`kvpool.wire`'s events, or an encoded payload as
-        ``take_events_msgpack()`` returns it (the fastest: no Python object per event, and
-        nothing left to do but send). An empty batch is not published."""
+        """Send one batch (never waits on the network); an empty batch is not sent. Returns
+        True. ``ts`` (default now) labels event objects; a payload carries its own."""
         if not self._running:
             raise RuntimeError("the publisher is closed")
-        batch: list[Any] | bytes = events if isinstance(events, bytes) else list(events)
-        if not batch or (isinstance(batch, bytes) and _no_events(batch)):
-            return True
-        try:
-            self._queue.put_nowait((time.time() if ts is None else ts, batch))
-        except queue.Full:
-            with self._lock:
-                self._dropped += 1
-            return False
+        if isinstance(events, bytes):
+            if _no_events(events):
+                return True
+            payload = events
+        else:
+            batch = list(events)
+            if not batch:
+                return True
+            if not all(isinstance(e, wire.KVCacheEvent) for e in batch):
+                batch = wire.from_pool_events(batch, group_specs=self._group_specs)
+            payload = wire.encode_batch(batch, time.time() if ts is None else ts, self._rank)
         with self._lock:
-            self._queued += 1
+            seq = self._seq
+            self._seq += 1
+            if seq not in self.lose_on_the_wire:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            self._buffer.append((seq, payload))
+            self._sent += 1
         return True
 
     def stats(self) -> PublisherStats:
-        """Batches queued, sent, dropped for a full queue, held for replay; replays served."""
+        """Batches sent and held for replay, replays served."""
         with self._lock:
-            return PublisherStats(self._queued, self._sent, self._dropped, len(self._buffer), self._replays)
+            return PublisherStats(self._sent, len(self._buffer), self._replays)
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every queued batch is sent (``False`` on timeout)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._sent >= self._queued and self._queue.empty():
-                    return True
-            time.sleep(0.001)
-        return False
+        """Kept for callers of a queued publisher: every batch is handed to ZeroMQ when
+        ``publish`` returns, so there is nothing to wait for."""
+        return True
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued, stop the thread and close the sockets."""
+        """Stop serving replays and close the sockets."""
         if not self._running:
             return
-        self.flush(timeout)
         self._running = False
-        self._queue.put(None)
-        self._thread.join(timeout)
-        self._pub.close(linger=0)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._lock:
+            self._pub.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)
 
@@ -155,48 +156,25 @@ class ZmqPublisher:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the publisher's thread --------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            if self._replay is not None and self._replay.poll(0):
-                self._serve_replay()
-            try:
-                item = self._queue.get(timeout=0.01)
-            except queue.Empty:
-                continue
-            if item is None:
-                break
-            ts, events = item
-            if isinstance(events, bytes):
-                payload = events
-            else:
-                if all(isinstance(e, wire.KVCacheEvent) for e in events):
-                    converted: list[wire.WireEvent] = events
-                else:
-                    converted = wire.from_pool_events(events, group_specs=self._group_specs)
-                payload = wire.encode_batch(converted, ts, self._rank)
-            seq = self._seq
-            self._seq += 1
-            if seq not in self.lose_on_the_wire:
-                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-            self._buffer.append((seq, payload))
-            with self._lock:
-                self._sent += 1
-
-    def _serve_replay(self) -> None:
+    def _serve(self) -> None:
+        """The replay thread: answers each request with the buffered batches from its
+        sequence number on, then the end marker."""
         assert self._replay is not None
-        frames = self._replay.recv_multipart()
-        if len(frames) != 3:
-            return
-        client, _, start = frames
-        first = int.from_bytes(start, "big")
-        for seq, payload in list(self._buffer):
-            if seq >= first:
+        while self._running:
+            if not self._replay.poll(50):
+                continue
+            frames = self._replay.recv_multipart()
+            if len(frames) != 3:
+                continue
+            client, _, start = frames
+            first = int.from_bytes(start, "big")
+            with self._lock:
+                held = [item for item in self._buffer if item[0] >= first]
+            for seq, payload in held:
                 self._replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
-        with self._lock:
-            self._replays += 1
+            self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+            with self._lock:
+                self._replays += 1
 
 
 class EventListener:
@@ -208,9 +186,12 @@ class EventListener:
     """
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
-                 context: zmq.Context[Any] | None = None) -> None:
+                 receive_hwm: int | None = None, context: zmq.Context[Any] | None = None) -> None:
         self._ctx = context or zmq.Context.instance()
         self._sub = self._ctx.socket(zmq.SUB)
+        if receive_hwm is not None:
+            # Batches beyond this many unread are dropped by ZeroMQ; replay fills the gaps.
+            self._sub.setsockopt(zmq.RCVHWM, receive_hwm)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
         self._sub.connect(endpoint)
         self._replay_endpoint = replay_endpoint
