@@ -480,8 +480,7 @@ impl PyBlockPool {
         let args =
             super::events::WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
         let events = self.with_pool(py, |pool| pool.take_events());
-        let payload = args.encode(py, events);
-        Ok(pyo3::types::PyBytes::new(py, &payload))
+        Ok(args.encode(py, events))
     }
 
     /// The queued KV-cache events, oldest first; the queue is emptied.

@@ -115,9 +115,12 @@ impl WireArgs {
         })
     }
 
-    /// The events' msgpack, encoded without the GIL.
-    pub fn encode(&self, py: Python<'_>, events: Vec<PoolEvent>) -> Vec<u8> {
-        py.detach(|| {
+    /// The events' msgpack as a `bytes`, encoded without the GIL into a buffer this
+    /// thread reuses (so that a step's payload does not grow a fresh buffer by doubling).
+    pub fn encode<'py>(&self, py: Python<'py>, events: Vec<PoolEvent>) -> Bound<'py, PyBytes> {
+        let mut buf = WIRE_SCRATCH.take();
+        buf.clear();
+        let buf = py.detach(move || {
             let specs: Vec<(u32, Option<&str>, Option<i64>)> = self
                 .specs
                 .iter()
@@ -129,9 +132,18 @@ impl WireArgs {
                 medium: &self.medium,
                 group_specs: &specs,
             };
-            let mut out = Vec::new();
-            crate::pool::encode_event_batch(&events, &batch, &mut out);
-            out
-        })
+            crate::pool::encode_event_batch(&events, &batch, &mut buf);
+            buf
+        });
+        let bytes = PyBytes::new(py, &buf);
+        if buf.capacity() <= 1 << 26 {
+            WIRE_SCRATCH.set(buf);
+        }
+        bytes
     }
+}
+
+thread_local! {
+    /// The encoding buffer of `take_events_msgpack`, kept per thread between calls.
+    static WIRE_SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }

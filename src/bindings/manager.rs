@@ -554,8 +554,7 @@ impl PyKVCacheManager {
         let args =
             super::events::WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
         let events = self.with_manager(py, |m| m.take_events());
-        let payload = args.encode(py, events);
-        Ok(pyo3::types::PyBytes::new(py, &payload))
+        Ok(args.encode(py, events))
     }
 
     /// Queued KV-cache events, oldest first (the queue is emptied).
