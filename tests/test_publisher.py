@@ -21,14 +21,19 @@ def pool_events(pool: kvpool.BlockPool, i: int) -> list[object]:
     return pool.take_events()
 
 
-def drain(listener: EventListener, n: int, timeout: float = 20.0) -> list[tuple[int, wire.EventBatch]]:
+def drain(listener: EventListener, n: int, publisher: ZmqPublisher | None = None,
+          timeout: float = 20.0) -> list[tuple[int, wire.EventBatch]]:
+    """The first ``n`` batches. A gap at the very end shows only when a later batch arrives
+    (as in a live stream), so with ``publisher`` a batch follows each quiet 200 ms."""
     got: list[tuple[int, wire.EventBatch]] = []
     deadline = time.monotonic() + timeout
     while len(got) < n and time.monotonic() < deadline:
         item = listener.poll(200)
         if item is not None:
             got.append(item)
-    return got
+        elif publisher is not None:
+            publisher.publish([wire.AllBlocksCleared()])
+    return got[:n]
 
 
 def test_frames_are_vllms() -> None:
@@ -69,13 +74,13 @@ def test_a_late_joiner_and_gaps_are_filled_by_replay() -> None:
         for events in more:
             assert pub.publish(events)
         assert pub.flush()
-        got = drain(listener, len(sent) + len(more))
+        got = drain(listener, len(sent) + len(more), pub)
         assert [seq for seq, _ in got] == list(range(len(sent) + len(more)))
         expected = [wire.from_pool_events(e) for e in sent + more]
         assert [b.events for _, b in got] == expected
         assert listener.gaps >= 2  # the late join, and the overflow
         stats = pub.stats()
-        assert (stats.sent, stats.buffered) == (5_300, 5_300)
+        assert stats.sent == stats.buffered >= 5_300
         listener.close()
 
 
