@@ -45,9 +45,9 @@ def serving_step(manager: kvpool.KVCacheManager, prompts: list[np.ndarray], step
     manager.free_many(rids)
 
 
-def overhead(rounds: int, steps: int, subscriber: bool) -> None:
+def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int) -> None:
     rng = np.random.default_rng(0)
-    publisher = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=10_000,
+    publisher = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps,
                              group_specs={0: ("full_attention", None)})
     listener = EventListener(publisher.endpoint, publisher.replay_endpoint) if subscriber else None
     time.sleep(0.2)
@@ -76,7 +76,8 @@ def overhead(rounds: int, steps: int, subscriber: bool) -> None:
                 times[name].append(elapsed / steps * 1e6)
         blocks = sum(len(prompts) * 700 // 16 for prompts in workload[:1])
     med = {k: statistics.median(v) for k, v in times.items()}
-    where = "a subscriber in this process over loopback" if subscriber else "no subscriber"
+    where = ("a subscriber in this process over loopback" if subscriber else "no subscriber") + (
+        f", replay buffer of {buffer_steps:,} batches")
     print(f"schedule_step, serving workload, caching and events on ({blocks:,} blocks stored a step), {where}")
     for name, us in med.items():
         extra = "" if name == "events dropped" else f"  {us / med['events dropped'] - 1:+.1%}"
@@ -141,11 +142,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--only", choices=("overhead", "stream"))
+    ap.add_argument("--buffer-steps", type=int, default=10_000,
+                    help="the publisher's replay buffer; one smaller than the run shows the steady state, "
+                    "where each new payload reuses the memory of one the buffer let go")
     ap.add_argument("--no-subscriber", action="store_true",
                     help="overhead without a subscriber (ZeroMQ then drops the frames at once)")
     args = ap.parse_args()
     if args.only in (None, "overhead"):
-        overhead(args.rounds, args.steps, not args.no_subscriber)
+        overhead(args.rounds, args.steps, not args.no_subscriber, args.buffer_steps)
     if args.only in (None, "stream"):
         stream(args.events)
     return 0
