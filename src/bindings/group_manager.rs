@@ -11,9 +11,9 @@ use super::events::events_to_py;
 use super::group_tables::{group_ids, group_spec};
 use super::hashing::{algo_arg, extract_extras, seed_arg};
 use super::locking::with_lock;
-use super::manager::{manager_token_ids, per_request_counts, PyStepResult};
+use super::manager::{manager_token_ids, step_args, step_requests, PyStepResult};
 use crate::pool::{
-    GroupBlocks, GroupManager, GroupStepOutcome, LoraInfo, ManagerConfig, StepRequest, MAX_BLOCKS,
+    GroupBlocks, GroupManager, GroupStepOutcome, LoraInfo, ManagerConfig, MAX_BLOCKS,
 };
 
 /// The block manager a scheduler calls per request, for a hybrid model: vLLM's
@@ -248,24 +248,9 @@ impl PyGroupManager {
         num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         stop_at_first_failure: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStepResult> {
-        let ids = super::requests::request_ids(request_ids)?;
         let stop = opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?;
-        let news = per_request_counts(num_new_tokens, ids.len(), "num_new_tokens")?;
-        let lookaheads = match num_lookahead_tokens.filter(|o| !o.is_none()) {
-            Some(obj) => per_request_counts(obj, ids.len(), "num_lookahead_tokens")?,
-            None => vec![0; ids.len()],
-        };
-        let step: Vec<StepRequest<'_>> = ids
-            .iter()
-            .zip(news.iter().zip(&lookaheads))
-            .map(
-                |(id, (&num_new_tokens, &num_lookahead_tokens))| StepRequest {
-                    id,
-                    num_new_tokens,
-                    num_lookahead_tokens,
-                },
-            )
-            .collect();
+        let (ids, news, lookaheads) = step_args(request_ids, num_new_tokens, num_lookahead_tokens)?;
+        let step = step_requests(&ids, &news, &lookaheads);
         let mut outcome = GroupStepOutcome::default();
         self.with_manager(py, |m| m.schedule_step(&step, stop, &mut outcome))
             .py_err(py)?;

@@ -124,6 +124,40 @@ pub(super) fn manager_token_ids<'a>(
     Ok(TokenIds::Values(buf))
 }
 
+/// A step's request ids and per-request new and lookahead token counts, converted.
+#[allow(clippy::type_complexity)]
+pub(super) fn step_args(
+    request_ids: &Bound<'_, PyAny>,
+    num_new_tokens: &Bound<'_, PyAny>,
+    num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(Vec<crate::pool::RequestId>, Vec<usize>, Vec<usize>)> {
+    let ids = super::requests::request_ids(request_ids)?;
+    let news = per_request_counts(num_new_tokens, ids.len(), "num_new_tokens")?;
+    let lookaheads = match num_lookahead_tokens.filter(|o| !o.is_none()) {
+        Some(obj) => per_request_counts(obj, ids.len(), "num_lookahead_tokens")?,
+        None => vec![0; ids.len()],
+    };
+    Ok((ids, news, lookaheads))
+}
+
+/// The step of [`step_args`]' result, borrowing its ids.
+pub(super) fn step_requests<'a>(
+    ids: &'a [crate::pool::RequestId],
+    news: &[usize],
+    lookaheads: &[usize],
+) -> Vec<StepRequest<'a>> {
+    ids.iter()
+        .zip(news.iter().zip(lookaheads))
+        .map(
+            |(id, (&num_new_tokens, &num_lookahead_tokens))| StepRequest {
+                id,
+                num_new_tokens,
+                num_lookahead_tokens,
+            },
+        )
+        .collect()
+}
+
 /// A per-request count for a step of `n` requests: one int for all, or a sequence
 /// of `n` non-negative ints.
 pub(super) fn per_request_counts(
@@ -354,24 +388,9 @@ impl PyKVCacheManager {
         num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         stop_at_first_failure: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStepResult> {
-        let ids = super::requests::request_ids(request_ids)?;
         let stop = opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?;
-        let news = per_request_counts(num_new_tokens, ids.len(), "num_new_tokens")?;
-        let lookaheads = match num_lookahead_tokens.filter(|o| !o.is_none()) {
-            Some(obj) => per_request_counts(obj, ids.len(), "num_lookahead_tokens")?,
-            None => vec![0; ids.len()],
-        };
-        let step: Vec<StepRequest<'_>> = ids
-            .iter()
-            .zip(news.iter().zip(&lookaheads))
-            .map(
-                |(id, (&num_new_tokens, &num_lookahead_tokens))| StepRequest {
-                    id,
-                    num_new_tokens,
-                    num_lookahead_tokens,
-                },
-            )
-            .collect();
+        let (ids, news, lookaheads) = step_args(request_ids, num_new_tokens, num_lookahead_tokens)?;
+        let step = step_requests(&ids, &news, &lookaheads);
         let mut outcome = StepOutcome::default();
         self.with_manager(py, |m| m.schedule_step(&step, stop, &mut outcome))
             .py_err(py)?;
