@@ -447,9 +447,8 @@ impl KVCacheManager {
 
     /// Frees the request's blocks (tail first) and forgets the request.
     pub fn free(&mut self, id: &RequestId) -> PoolResult<()> {
-        let mut request = self.requests.remove(id).ok_or_else(|| unknown(id))?;
-        request.blocks.reverse();
-        self.pool.free_blocks(&request.blocks)
+        let request = self.requests.remove(id).ok_or_else(|| unknown(id))?;
+        self.pool.free_blocks_reversed(&request.blocks)
     }
 
     /// Frees several requests, in order; all must be known and distinct (checked first).
@@ -473,9 +472,8 @@ impl KVCacheManager {
     /// restarts from zero computed tokens.
     pub fn preempt(&mut self, id: &RequestId) -> PoolResult<()> {
         let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
-        let mut blocks = std::mem::take(&mut request.blocks);
-        blocks.reverse();
-        self.pool.free_blocks(&blocks)?;
+        let blocks = std::mem::take(&mut request.blocks);
+        self.pool.free_blocks_reversed(&blocks)?;
         request.num_computed_tokens = 0;
         request.num_cached_blocks = 0;
         request.num_preemptions += 1;
