@@ -9,7 +9,9 @@ The scenarios, written as scripts:
 * ``HAMMER``: four threads share one ``BlockPool``, one ``KVCacheManager`` (prefix caching on,
   prompts of 9,000-12,000 tokens, so ``add_request`` hashes with the GIL released), one
   ``BlockHasher`` (prompts over 4,096 tokens and ``hash_tokens_many``, also GIL-released) and
-  one ``ComputedBlocksTracker``; they mix valid calls with invalid ones (double frees, bad ids,
+  one ``ComputedBlocksTracker``, and the hybrid-model classes (``GroupTables`` on the same
+  pool, a ``GroupManager``, ``VllmGroupCalls`` reading a Request whose properties call back
+  into kvpool); they mix valid calls with invalid ones (double frees, bad ids,
   unknown requests, wrong dtypes), each of which must raise a ``KVPoolError``. Afterwards every
   structure checks its invariants, every thread got back what it owned (all blocks free), and
   the hashes computed concurrently equal those computed alone.
@@ -56,11 +58,17 @@ class Req:
     def __init__(self, request_id, block_hashes):
         self.request_id, self.block_hashes = request_id, block_hashes
         self.num_computed_tokens, self.n, self.skip_reading_prefix_cache = 0, 50, False
+        self.num_in_flight_tokens, self.shared_prefix_boundary = 0, 0
 
     @property
     def num_tokens(self):
         tables.request_ids(), pool.get_usage()
         return self.n
+
+    @property
+    def num_prompt_tokens(self):
+        gtables.request_ids(), gmanager.get_usage()
+        return 50
 
 
 def blocks_of(pool_, ids):
@@ -71,6 +79,18 @@ def blocks_of(pool_, ids):
 
 EMPTY = ()
 calls = kvpool.VllmManagerCalls(tables, EMPTY, blocks_of, list, (), 0)
+# The hybrid model's tables (on the same pool), manager and vLLM calls.
+gtables = kvpool.GroupTables(pool, ["full", ("sliding_window", 32)], max_model_len=1 << 20)
+gmanager = kvpool.GroupManager(8192, 16, ["full", ("sliding_window", 64)])
+
+
+def groups_of(pool_, groups):
+    # Built after unlocking, or it would deadlock.
+    tables.request_ids()
+    return groups
+
+
+gcalls = kvpool.VllmGroupCalls(gtables, EMPTY, groups_of, lambda b: [list(g) for g in b], (), 0)
 
 
 def expect_error(call):
@@ -138,6 +158,28 @@ def worker(k):
             assert calls.estimate_cached_tokens(req) == 48
             calls.free(req)
             expect_error(lambda: calls.free(object()))
+            # A hybrid model's tables on the shared pool: prefill, window frees, free.
+            gid = f"g{k}-{n}"
+            g_hashes = [bytes([k + 50]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25) for i in range(4)]
+            got = gtables.allocate_slots(gid, 0, 64, 64, g_hashes, 64)
+            assert got is not None and [len(g) for g in got] == [4, 4]
+            gtables.remove_skipped_blocks(gid, 64)
+            expect_error(lambda: gtables.allocate_slots(gid, 64, 64, 64, g_hashes, 0))
+            gtables.free(gid)
+            # The hybrid manager, on long prompts the threads share (hits across threads).
+            mid = f"m{k}-{n}"
+            gmanager.add_request(mid, LONG[k][:2000])
+            hits, n_hit = gmanager.get_computed_blocks(mid)
+            adopt = hits if any(len(h) for h in hits) else None
+            assert gmanager.allocate_slots(mid, 2000 - n_hit, num_new_computed_tokens=n_hit,
+                                           new_computed_blocks=adopt) is not None
+            gmanager.free(mid)
+            # vLLM's hybrid per-request calls, reading a Request whose properties call back.
+            greq = Req(f"h{k}-{n}", [bytes([k + 150]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25)
+                                     for i in range(3)])
+            got = gcalls.allocate_slots(greq, 50)
+            assert len(got) == 2 and [len(g) for g in got] == [4, 4]
+            gcalls.free(greq)
             n += 1
     except BaseException as e:  # noqa: BLE001
         errors.append(f"thread {k}: {type(e).__name__}: {e}")
@@ -157,6 +199,10 @@ assert len(tables.request_ids()) == 0
 assert pool.get_num_free_blocks() == 4095, pool.get_num_free_blocks()
 assert manager.get_num_free_blocks() == 8191 and len(manager) == 0
 assert len(tracker) == 0
+gtables.check_invariants()
+gmanager.check_invariants()
+assert len(gtables.request_ids()) == 0 and len(gmanager) == 0
+assert gmanager.get_num_free_blocks() == 8191
 print("ok")
 """
 
