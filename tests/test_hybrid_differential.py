@@ -34,7 +34,7 @@ LAYOUTS: dict[str, tuple[int, list[Any]]] = {
 
 
 def vllm_manager(block_size: int, groups: list[Any], num_blocks: int, retention: int | None,
-                 max_model_len: int, caching: bool) -> Any:
+                 max_model_len: int, caching: bool, max_in_flight_tokens: int | None = None) -> Any:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
@@ -60,7 +60,8 @@ def vllm_manager(block_size: int, groups: list[Any], num_blocks: int, retention:
         prefix_cache_retention_interval=retention,
     )
     return KVCacheManager(config, max_model_len=max_model_len, scheduler_block_size=block_size,
-                          hash_block_size=block_size, enable_caching=caching, enable_kv_cache_events=True)
+                          hash_block_size=block_size, enable_caching=caching, enable_kv_cache_events=True,
+                          max_in_flight_tokens=max_in_flight_tokens)
 
 
 def make_request(rid: str, prompt: list[int], block_size: int) -> Any:
@@ -116,24 +117,30 @@ def kvpool_events(events: list[Any]) -> list[tuple[Any, ...]]:
 
 
 #: What the workloads exercised, so that a test that compares nothing cannot pass.
-SEEN = {"hit_tokens": 0, "null_hit_blocks": 0, "refused": 0, "window_frees": 0, "stored": 0, "removed": 0}
+SEEN = {"hit_tokens": 0, "null_hit_blocks": 0, "refused": 0, "window_frees": 0, "stored": 0, "removed": 0,
+        "gated": 0}
 
 
 class Pair:
     """vLLM's manager and kvpool's tables, fed the same calls, compared after each."""
 
     def __init__(self, block_size: int, groups: list[Any], num_blocks: int, retention: int | None,
-                 caching: bool, max_model_len: int) -> None:
+                 caching: bool, max_model_len: int, gates: random.Random | None = None) -> None:
         self.block_size = block_size
-        self.vllm = vllm_manager(block_size, groups, num_blocks, retention, max_model_len, caching)
+        # With gates, a small in-flight budget, so that window groups' admission caps bind.
+        in_flight = gates.choice([block_size, 4 * block_size, 16 * block_size]) if gates else None
+        self.vllm = vllm_manager(block_size, groups, num_blocks, retention, max_model_len, caching, in_flight)
         self.pool = kvpool.BlockPool(num_blocks, block_size=block_size, enable_caching=caching,
                                      enable_events=True, null_block=True)
         self.tables = kvpool.GroupTables(self.pool, groups, max_model_len=max_model_len,
-                                         retention_interval=retention)
-        # kvpool's own manager, which keeps the tokens itself, fed the same calls.
-        self.manager = kvpool.GroupManager(num_blocks, block_size, groups, enable_caching=caching,
-                                           hash_algo="sha256", enable_events=True, max_model_len=max_model_len,
-                                           retention_interval=retention)
+                                         retention_interval=retention, max_in_flight_tokens=in_flight)
+        # kvpool's own manager, which keeps the tokens itself, fed the same calls; with
+        # ``gates`` (the full-sequence gate, reserved blocks, lookahead drawn at random) the
+        # tables alone, since the manager has no gates.
+        self.gates = gates
+        self.manager = None if gates else kvpool.GroupManager(
+            num_blocks, block_size, groups, enable_caching=caching, hash_algo="sha256", enable_events=True,
+            max_model_len=max_model_len, retention_interval=retention)
         self.caching = caching
         self.steps = 0
         self.added: set[str] = set()
@@ -147,11 +154,12 @@ class Pair:
             ours_blocks = [b.tolist() for b in blocks]
         ours_boundary = ours_n + uncached if uncached else 0
         assert (ids(theirs), n, boundary) == (ours_blocks, ours_n, ours_boundary), req.request_id
-        if req.request_id not in self.added:
-            self.manager.add_request(req.request_id, req.prompt_token_ids)
-            self.added.add(req.request_id)
-        blocks, managed_n = self.manager.get_computed_blocks(req.request_id)
-        assert ([b.tolist() for b in blocks], managed_n) == (ours_blocks, ours_n), req.request_id
+        if self.manager is not None:
+            if req.request_id not in self.added:
+                self.manager.add_request(req.request_id, req.prompt_token_ids)
+                self.added.add(req.request_id)
+            blocks, managed_n = self.manager.get_computed_blocks(req.request_id)
+            assert ([b.tolist() for b in blocks], managed_n) == (ours_blocks, ours_n), req.request_id
         SEEN["hit_tokens"] += n
         SEEN["null_hit_blocks"] += sum(b == 0 for g in ours_blocks for b in g)
         req.shared_prefix_boundary = boundary
@@ -165,12 +173,19 @@ class Pair:
             theirs_blocks, ours_blocks, n = hit
             kwargs = dict(num_new_computed_tokens=n, new_computed_blocks=theirs_blocks)
             ours_kwargs = dict(num_new_computed_tokens=n, new_computed_blocks=ours_blocks)
+        if self.gates is not None:
+            rng = self.gates
+            extra = dict(full_sequence_must_fit=rng.random() < 0.3, num_lookahead_tokens=rng.choice([0, 0, 1, 3]),
+                         reserved_blocks=rng.choice([0, 0, 2]))
+            kwargs.update(extra)
+            ours_kwargs.update(extra)
+            SEEN["gated"] += extra["full_sequence_must_fit"]
         theirs = self.vllm.allocate_slots(req, num_new, **kwargs)
         ours = self.tables.allocate_slots(
             req.request_id, req.num_computed_tokens, req.num_tokens, req.num_prompt_tokens, req.block_hashes,
             num_new, shared_prefix_boundary=req.shared_prefix_boundary,
             token_ids=req.all_token_ids, **ours_kwargs)
-        managed = self.manager.allocate_slots(req.request_id, num_new, **ours_kwargs)
+        managed = ours if self.manager is None else self.manager.allocate_slots(req.request_id, num_new, **ours_kwargs)
         assert (theirs is None) == (ours is None) == (managed is None), (req.request_id, theirs, ours)
         if ours is not None and managed is not None:
             assert [o.tolist() for o in ours] == [m.tolist() for m in managed], req.request_id
@@ -183,35 +198,43 @@ class Pair:
     def free(self, req: Any) -> None:
         self.vllm.free(req)
         self.tables.free(req.request_id)
-        self.manager.free(req.request_id)
+        if self.manager is not None:
+            self.manager.free(req.request_id)
         self.added.discard(req.request_id)
 
     def decode(self, req: Any, token: int) -> None:
         req.append_output_token_ids(token)
-        self.manager.append_token_ids(req.request_id, [token])
+        if self.manager is not None:
+            self.manager.append_token_ids(req.request_id, [token])
 
     def reset(self) -> None:
-        assert self.vllm.reset_prefix_cache() == self.pool.reset_prefix_cache() == self.manager.reset_prefix_cache()
+        done = self.vllm.reset_prefix_cache()
+        assert done == self.pool.reset_prefix_cache()
+        if self.manager is not None:
+            assert done == self.manager.reset_prefix_cache()
 
     def compare(self, live: list[Any]) -> None:
         for req in live:
             theirs = [list(g) for g in self.vllm.get_block_ids(req.request_id)]
             ours = [g.tolist() for g in self.tables.get_blocks(req.request_id)]
-            assert theirs == ours == [g.tolist() for g in self.manager.get_block_ids(req.request_id)], req.request_id
-            assert self.manager.get_num_computed_tokens(req.request_id) == req.num_computed_tokens
+            assert theirs == ours, req.request_id
+            if self.manager is not None:
+                assert ours == [g.tolist() for g in self.manager.get_block_ids(req.request_id)], req.request_id
+                assert self.manager.get_num_computed_tokens(req.request_id) == req.num_computed_tokens
             SEEN["window_frees"] += sum(b == 0 for g in ours for b in g)
         assert self.vllm.block_pool.get_num_free_blocks() == self.pool.get_num_free_blocks()
         events = vllm_events(self.vllm.take_events())
         assert events == kvpool_events(self.pool.take_events())
-        assert self.manager.get_num_free_blocks() == self.pool.get_num_free_blocks()
-        assert kvpool_events(self.manager.take_events()) == events
-        self.manager.check_invariants()
+        if self.manager is not None:
+            assert self.manager.get_num_free_blocks() == self.pool.get_num_free_blocks()
+            assert kvpool_events(self.manager.take_events()) == events
+            self.manager.check_invariants()
         SEEN["stored"] += sum(e[0] == "BlockStored" for e in events)
         SEEN["removed"] += sum(e[0] == "BlockRemoved" for e in events)
         self.tables.check_invariants()
 
 
-def run(seed: int, layout: str, retention_choice: str) -> int:
+def run(seed: int, layout: str, retention_choice: str, gates: bool = False) -> int:
     rng = random.Random(seed)
     block_size, groups = LAYOUTS[layout]
     windows = [g[1] for g in groups if g != "full"]
@@ -221,7 +244,8 @@ def run(seed: int, layout: str, retention_choice: str) -> int:
         retention = None
     caching = rng.random() < 0.9
     num_blocks = rng.randint(len(groups) * 4, len(groups) * (3 * span // block_size + 8))
-    pair = Pair(block_size, groups, num_blocks, retention, caching, max_model_len=8 * span)
+    pair = Pair(block_size, groups, num_blocks, retention, caching, max_model_len=8 * span,
+                gates=random.Random(seed + 1000) if gates else None)
     prefixes = [[rng.randrange(50_000) for _ in range(rng.randint(0, 2 * span))] for _ in range(3)]
     waiting: list[Any] = []
     running: list[Any] = []
@@ -270,5 +294,15 @@ def run(seed: int, layout: str, retention_choice: str) -> int:
 def test_group_tables_match_vllm(layout: str, retention: str) -> None:
     before = dict(SEEN)
     steps = sum(run(seed, layout, retention) for seed in range(12))
-    seen = {k: SEEN[k] - before[k] for k in SEEN}
+    seen = {k: SEEN[k] - before[k] for k in SEEN if k != "gated"}
+    assert steps > 100 and all(seen.values()), seen
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_gates_and_lookahead_match_vllm(layout: str) -> None:
+    """The full-sequence gate with each window group's admission cap, reserved blocks and
+    lookahead slots, drawn at random on every allocation (``GroupTables`` only)."""
+    before = dict(SEEN)
+    steps = sum(run(seed, layout, "segments", gates=True) for seed in range(12))
+    seen = {k: SEEN[k] - before[k] for k in ("gated", "refused", "window_frees")}
     assert steps > 100 and all(seen.values()), seen
