@@ -152,8 +152,39 @@ pub fn wire_hash(hash: &[u8]) -> u64 {
     tail.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
 }
 
+/// An upper bound of the bytes [`encode_event_batch`] writes, so that it writes into one
+/// allocation.
+fn size_bound(events: &[PoolEvent], batch: &WireBatch<'_>) -> usize {
+    let fixed = 64
+        + batch.medium.len()
+        + batch
+            .group_specs
+            .iter()
+            .map(|(_, k, _)| k.map_or(0, str::len) + 48)
+            .sum::<usize>();
+    events
+        .iter()
+        .map(|e| match e {
+            PoolEvent::BlockStored {
+                block_hashes,
+                token_ids,
+                lora_name,
+                ..
+            } => {
+                fixed
+                    + 9 * token_ids.len()
+                    + block_hashes.len() * (10 + lora_name.as_ref().map_or(1, |n| n.len() + 6))
+            }
+            PoolEvent::BlockRemoved { .. } => fixed,
+            PoolEvent::AllBlocksCleared => 24,
+        })
+        .sum::<usize>()
+        + 32
+}
+
 /// Appends the msgpack of one `EventBatch` of `events` to `out`.
 pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut Vec<u8>) {
+    out.reserve(size_bound(events, batch));
     let mut w = Writer(out);
     w.array(3);
     w.f64(batch.ts);
@@ -188,7 +219,19 @@ pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut
                 w.str("token_ids");
                 w.array(token_ids.len());
                 for &t in token_ids {
-                    w.int(t);
+                    match t {
+                        0..=0x7f => w.0.push(t as u8),
+                        0x80..=0xff => w.0.extend_from_slice(&[0xcc, t as u8]),
+                        0x100..=0xffff => {
+                            let b = (t as u16).to_be_bytes();
+                            w.0.extend_from_slice(&[0xcd, b[0], b[1]]);
+                        }
+                        0x1_0000..=0xffff_ffff => {
+                            let b = (t as u32).to_be_bytes();
+                            w.0.extend_from_slice(&[0xce, b[0], b[1], b[2], b[3]]);
+                        }
+                        _ => w.int(t),
+                    }
                 }
                 w.str("block_size");
                 w.uint(u64::from(*block_size));
