@@ -9,8 +9,8 @@ use pyo3::types::PyTuple;
 
 use super::block_pool::PyBlockPool;
 use super::convert::{
-    extract_block_ids, extract_hashes_after, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
-    opt_int_arg, type_name, with_scratch,
+    extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
+    type_name, with_scratch,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
@@ -97,13 +97,9 @@ impl PyBlockTables {
             None => None,
         };
         let mut tokens = Vec::new();
-        let token_ids = match token_ids.filter(|o| !o.is_none()) {
-            Some(o) if self.config.enable_events => {
-                extract_i64s(o, "token_ids", &mut tokens)?;
-                Some(&tokens[..])
-            }
-            _ => None,
-        };
+        let token_ids =
+            super::convert::event_token_ids(token_ids, self.config.enable_events, &mut tokens)?
+                .then_some(&tokens[..]);
         let call = SlotCall {
             num_computed_tokens: int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)?
                 as usize,
@@ -267,13 +263,9 @@ impl PyBlockTables {
         let mut flat = Vec::new();
         let (hashes_from, width) = extract_hashes_after(block_hashes, known, &mut flat)?;
         let mut tokens = Vec::new();
-        let token_ids = match token_ids.filter(|o| !o.is_none()) {
-            Some(o) if self.config.enable_events => {
-                extract_i64s(o, "token_ids", &mut tokens)?;
-                Some(&tokens[..])
-            }
-            _ => None,
-        };
+        let token_ids =
+            super::convert::event_token_ids(token_ids, self.config.enable_events, &mut tokens)?
+                .then_some(&tokens[..]);
         let lora = LoraInfo {
             id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
             name: super::convert::opt_str_arg(lora_name, "lora_name")?,

@@ -601,3 +601,19 @@ pub fn utf8_str<'a>(s: &'a Bound<'_, PyString>, what: &str) -> PyResult<&'a str>
         )
     })
 }
+
+/// A call's token ids for `BlockStored` events, converted into `buf` only when the pool
+/// emits events (and the caller gave some): whether it did.
+pub fn event_token_ids(
+    obj: Option<&Bound<'_, PyAny>>,
+    events_on: bool,
+    buf: &mut Vec<i64>,
+) -> PyResult<bool> {
+    match obj.filter(|o| !o.is_none()) {
+        Some(o) if events_on => {
+            extract_i64s(o, "token_ids", buf)?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}

@@ -10,8 +10,8 @@ use pyo3::types::{PyString, PyTuple};
 
 use super::block_pool::PyBlockPool;
 use super::convert::{
-    extract_block_ids, extract_hashes_after, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
-    opt_int_arg, type_name,
+    extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
+    type_name,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
@@ -266,13 +266,7 @@ impl PyGroupTables {
     }
 
     fn token_ids(&self, obj: Option<&Bound<'_, PyAny>>, buf: &mut Vec<i64>) -> PyResult<bool> {
-        match obj.filter(|o| !o.is_none()) {
-            Some(o) if self.config.enable_events => {
-                extract_i64s(o, "token_ids", buf)?;
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+        super::convert::event_token_ids(obj, self.config.enable_events, buf)
     }
 }
 

@@ -45,6 +45,27 @@ impl PyVllmManagerCalls {
     }
 }
 
+/// The watermark of one `allocate_slots` call, as an argument: vLLM keeps
+/// `watermark_blocks` free only for a waiting or preempted request while others are
+/// scheduled (`request.status` is read only then). `None` for no watermark.
+pub(super) fn watermark_arg<'py>(
+    request: &Bound<'py, PyAny>,
+    scheduled: bool,
+    watermark_blocks: usize,
+    waiting_statuses: &Bound<'py, PyTuple>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if !scheduled || watermark_blocks == 0 {
+        return Ok(None);
+    }
+    let py = request.py();
+    let status = request_field(request, pyo3::intern!(py, "status"))?;
+    if waiting_statuses.contains(status)? {
+        Ok(Some(watermark_blocks.into_pyobject(py)?.into_any()))
+    } else {
+        Ok(None)
+    }
+}
+
 /// `request.<name>`, or a `DtypeError` naming what a vLLM `Request` should have.
 pub(super) fn request_field<'py>(
     request: &Bound<'py, PyAny>,
@@ -118,22 +139,12 @@ impl PyVllmManagerCalls {
             Some(b) => Some(self.block_ids_of.bind(py).call1((b,))?),
         };
         let scheduled = opt_bool_arg(has_scheduled_reqs, "has_scheduled_reqs", true)?;
-        let watermark = if scheduled && self.watermark_blocks > 0 {
-            let status = request.getattr(pyo3::intern!(py, "status")).map_err(|_| {
-                error(
-                    py,
-                    ErrorKind::Dtype,
-                    "request must be a vLLM Request with a status",
-                )
-            })?;
-            if self.waiting_statuses.bind(py).contains(status)? {
-                Some(self.watermark_blocks.into_pyobject(py)?.into_any())
-            } else {
-                None
-            }
-        } else {
-            None
-        };
+        let watermark = watermark_arg(
+            request,
+            scheduled,
+            self.watermark_blocks,
+            self.waiting_statuses.bind(py),
+        )?;
         let field = |name: &Bound<'py, PyString>| request_field(request, name);
         let id = field(pyo3::intern!(py, "request_id"))?;
         let computed = field(pyo3::intern!(py, "num_computed_tokens"))?;

@@ -14,7 +14,7 @@ use super::convert::{ids_to_numpy, int_arg, opt_bool_arg};
 use super::errors::IntoPyResult;
 use super::group_tables::{GroupSlotArgs, PyGroupTables};
 use super::hashing::hash_slice_of;
-use super::vllm_calls::request_field;
+use super::vllm_calls::{request_field, watermark_arg};
 
 /// ``VllmGroupCalls(tables, empty_blocks, blocks_class, group_ids_of, waiting_statuses,
 /// watermark_blocks)``: vLLM's per-request ``KVCacheManager`` calls over ``tables``.
@@ -111,17 +111,12 @@ impl PyVllmGroupCalls {
         };
         let scheduled = opt_bool_arg(has_scheduled_reqs, "has_scheduled_reqs", true)?;
         let field = |name: &Bound<'py, PyString>| request_field(request, name);
-        let watermark = if scheduled
-            && self.watermark_blocks > 0
-            && self
-                .waiting_statuses
-                .bind(py)
-                .contains(field(pyo3::intern!(py, "status"))?)?
-        {
-            Some(self.watermark_blocks.into_pyobject(py)?.into_any())
-        } else {
-            None
-        };
+        let watermark = watermark_arg(
+            request,
+            scheduled,
+            self.watermark_blocks,
+            self.waiting_statuses.bind(py),
+        )?;
         let t = self.tables.get();
         let hashes = if t.config.enable_caching {
             field(pyo3::intern!(py, "block_hashes"))?

@@ -472,13 +472,17 @@ impl GroupTables {
             return Ok(false);
         }
         // From here on nothing fails: the inputs are checked and the blocks fit.
-        let n_groups = self.layout.len();
-        let specs = self.layout.specs().to_vec();
+        let Self {
+            layout,
+            tables,
+            new_block_ids,
+            ..
+        } = self;
+        let specs = layout.specs();
         let caching = pool.config().enable_caching;
-        let table = self
-            .tables
+        let table = tables
             .entry_ref(&id)
-            .or_insert_with(|| Table::new(n_groups));
+            .or_insert_with(|| Table::new(specs.len()));
         table.hashes.learn(call.hashes_from, call.block_hashes);
         let mut first_new: Vec<usize> = table.blocks.iter().map(Vec::len).collect();
         let adopting = call.new_computed_blocks.is_some() || call.num_external_computed_tokens > 0;
@@ -530,14 +534,14 @@ impl GroupTables {
             pool.get_new_blocks(want, out)?;
             blocks.extend_from_slice(&out[start..]);
             offsets.push(out.len());
-            if let Some(ids) = &mut self.new_block_ids {
+            if let Some(ids) = new_block_ids {
                 ids[g].extend_from_slice(&blocks[first_new[g]..]);
             }
         }
         if !call.delay_cache_blocks {
             let num_tokens = (total + call.num_new_tokens).min(call.num_tokens);
             Self::cache_table(
-                &self.layout,
+                layout,
                 pool,
                 table,
                 num_tokens,
