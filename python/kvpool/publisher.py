@@ -27,6 +27,7 @@ from typing import Any
 
 import zmq
 
+import kvpool
 from kvpool import wire
 
 #: The replay end marker's sequence frame.
@@ -73,7 +74,7 @@ class ZmqPublisher:
         context: zmq.Context[Any] | None = None,
     ) -> None:
         if buffer_steps < 1 or hwm < 0:
-            raise ValueError("buffer_steps must be >= 1 and hwm >= 0")
+            raise kvpool.InvalidArgumentError("buffer_steps must be >= 1 and hwm >= 0")
         self._topic = topic.encode("utf-8")
         self._rank = data_parallel_rank
         self._group_specs = dict(group_specs or {})

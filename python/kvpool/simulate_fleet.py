@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import kvpool
 from kvpool.simulate import get_impl, prepare_hashes, serve_one, truncate
 from kvpool.traces import Trace
 
@@ -58,9 +59,9 @@ def simulate_fleet(trace: Trace, instances: int, capacity: int, router: str, *,
                    block_tokens: int, load_slack: float = 0.25) -> FleetResult:
     """Replay ``trace`` through ``instances`` pools of ``capacity`` usable blocks each."""
     if router not in ROUTERS:
-        raise ValueError(f"unknown router {router!r}: use one of {', '.join(ROUTERS)}")
+        raise kvpool.InvalidArgumentError(f"unknown router {router!r}: use one of {', '.join(ROUTERS)}")
     if instances < 1 or capacity < 1:
-        raise ValueError("instances and capacity must be at least 1")
+        raise kvpool.InvalidArgumentError("instances and capacity must be at least 1")
     impl = get_impl("kvpool")
     pools = [impl.pool_cls(capacity + 1, enable_caching=True, block_size=block_tokens) for _ in range(instances)]
     requests = truncate(prepare_hashes(trace, impl), capacity)

@@ -52,10 +52,10 @@ def parse_layout(spec: str) -> list[Any]:
         elif kind in ("chunked", "chunked_local") and size.isdigit() and int(size) > 0:
             group = ("chunked_local", int(size))
         else:
-            raise ValueError(f"unknown group {part!r}: use full, swa:W or chunked:C, optionally xN, or a preset "
+            raise kvpool.InvalidArgumentError(f"unknown group {part!r}: use full, swa:W or chunked:C, optionally xN, or a preset "
                              f"({', '.join(sorted(PRESETS))})")
         if n < 1:
-            raise ValueError(f"a group count must be at least 1, got {part!r}")
+            raise kvpool.InvalidArgumentError(f"a group count must be at least 1, got {part!r}")
         groups += [group] * n
     return groups
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+import kvpool
 import kvpool.events as _events
 
 MEDIUM_GPU = "GPU"
@@ -127,7 +128,7 @@ def from_pool_events(
         elif isinstance(e, _events.AllBlocksCleared):
             out.append(AllBlocksCleared())
         else:
-            raise TypeError(f"not a kvpool KV-cache event: {type(e).__name__}")
+            raise kvpool.DtypeError(f"not a kvpool KV-cache event: {type(e).__name__}")
     return out
 
 
