@@ -16,6 +16,7 @@ use super::convert::{
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
+use super::eviction_args::{clock_arg, eviction_arg, opt_seconds_arg, PriorityArg};
 use super::hashing::hash_slice_of;
 use super::locking::with_lock;
 use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
@@ -98,7 +99,7 @@ pub fn max_pending_events_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize>
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, *, enable_caching=None, null_block=None, enable_events=None, block_size=None, hash_width=None, max_pending_events=None))]
+    #[pyo3(signature = (num_blocks, *, enable_caching=None, null_block=None, enable_events=None, block_size=None, hash_width=None, max_pending_events=None, eviction=None, max_pinned_blocks=None, clock=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -109,12 +110,16 @@ impl PyBlockPool {
         block_size: Option<&Bound<'_, PyAny>>,
         hash_width: Option<&Bound<'_, PyAny>>,
         max_pending_events: Option<&Bound<'_, PyAny>>,
+        eviction: Option<&Bound<'_, PyAny>>,
+        max_pinned_blocks: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let flag = |obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool| {
             opt_bool_arg(obj, what, default)
         };
+        let num_blocks = int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32;
         let config = PoolConfig {
-            num_blocks: int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
+            num_blocks,
             enable_caching: flag(enable_caching, "enable_caching", true)?,
             null_block: flag(null_block, "null_block", true)?,
             enable_events: flag(enable_events, "enable_events", false)?,
@@ -123,6 +128,10 @@ impl PyBlockPool {
             hash_width: opt_int_arg(hash_width, "hash_width", 1, pool::MAX_HASH_WIDTH as i64)?
                 .map(|w| w as usize),
             max_pending_events: max_pending_events_arg(max_pending_events)?,
+            eviction: eviction_arg(py, eviction)?,
+            manual_clock: clock_arg(py, clock)?,
+            max_pinned_blocks: opt_int_arg(max_pinned_blocks, "max_pinned_blocks", 0, num_blocks as i64)?
+                .map_or(num_blocks / 4, |n| n as u32),
         };
         let inner = pool::BlockPool::new(config.clone()).py_err(py)?;
         Ok(Self {
@@ -300,8 +309,10 @@ impl PyBlockPool {
     /// first block (``bytes`` of one width, or a numpy integer array of hash ids, each
     /// standing for its 8-byte big-endian form); blocks ``num_cached_blocks..num_full_blocks`` get their hashes.
     /// ``token_ids`` (the request's tokens), ``lora_id`` and ``lora_name`` only feed the
-    /// ``BlockStored`` event.
-    #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, *, group_id=None, token_ids=None, lora_id=None, lora_name=None))]
+    /// ``BlockStored`` event. ``priority`` (``0..=100``) and ``retention_s`` give the
+    /// new blocks a retention priority, for that many seconds (pools built with
+    /// ``eviction="priority"``).
+    #[pyo3(signature = (block_ids, block_hashes, num_cached_blocks, num_full_blocks, *, group_id=None, token_ids=None, lora_id=None, lora_name=None, priority=None, retention_s=None))]
     #[allow(clippy::too_many_arguments)]
     fn cache_full_blocks(
         &self,
@@ -314,6 +325,8 @@ impl PyBlockPool {
         token_ids: Option<&Bound<'_, PyAny>>,
         lora_id: Option<&Bound<'_, PyAny>>,
         lora_name: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
+        retention_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let lora_name = opt_str_arg(lora_name, "lora_name")?;
         if !self.config.enable_caching {
@@ -339,19 +352,145 @@ impl PyBlockPool {
             }
             _ => None,
         };
-        let call = CacheBlocks {
-            block_ids: &ids,
-            block_hashes: hashes.slice(),
-            num_cached_blocks: num_cached,
-            num_full_blocks: num_full,
-            group,
-            token_ids: tokens.as_deref(),
-            lora_id,
-            lora_name: lora_name.as_deref(),
-            block_mask: None,
-        };
-        self.with_pool(py, |pool| pool.cache_full_blocks(call))
+        let priority = PriorityArg::extract(py, priority, retention_s)?;
+        self.with_pool(py, |pool| {
+            let call = CacheBlocks {
+                block_ids: &ids,
+                block_hashes: hashes.slice(),
+                num_cached_blocks: num_cached,
+                num_full_blocks: num_full,
+                group,
+                token_ids: tokens.as_deref(),
+                lora_id,
+                lora_name: lora_name.as_deref(),
+                block_mask: None,
+                priority: priority.map(|p| p.at(pool.now())),
+            };
+            pool.cache_full_blocks(call)
+        })
+        .py_err(py)
+    }
+
+    /// Give blocks (in use or free) a retention priority ``0..=100``, for
+    /// ``retention_s`` seconds if given, after which it reverts to the default (35).
+    /// A free cached block moves to the tail of its new priority. Needs
+    /// ``eviction="priority"``.
+    #[pyo3(signature = (block_ids, priority, *, retention_s=None))]
+    fn set_priority(
+        &self,
+        py: Python<'_>,
+        block_ids: &Bound<'_, PyAny>,
+        priority: &Bound<'_, PyAny>,
+        retention_s: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let ids = self.ids(block_ids)?;
+        let priority = PriorityArg::extract(py, Some(priority), retention_s)?.ok_or_else(|| {
+            error(py, ErrorKind::InvalidArgument, "priority must be an int in 0..=100, got None")
+        })?;
+        self.with_pool(py, |pool| {
+            let p = priority.at(pool.now());
+            pool.set_priority(&ids, p, false)
+        })
+        .py_err(py)
+    }
+
+    /// Block ``block_id``'s retention ``(priority, expires_at)`` (``expires_at`` on the
+    /// pool's clock, None: never); the default ``(35, None)`` under other policies.
+    fn block_priority(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<(u8, Option<f64>)> {
+        let id = self.one_id(block_id)?;
+        Ok(self.with_pool(py, |pool| {
+            let p = pool.eviction().priority_of(id);
+            (p.priority, p.expires_at)
+        }))
+    }
+
+    /// Pin the cached blocks of the longest cached prefix of ``block_hashes`` (in
+    /// ``group_id``): they hold a reference each and are never evicted until
+    /// unpinned. Returns that prefix's length in blocks. Raises ``PinBudgetError``
+    /// (nothing pinned) beyond ``max_pinned_blocks``.
+    #[pyo3(signature = (block_hashes, *, group_id=None))]
+    fn pin_prefix(
+        &self,
+        py: Python<'_>,
+        block_hashes: &Bound<'_, PyAny>,
+        group_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+        let hashes = FlatHashes::extract(block_hashes)?;
+        self.with_pool(py, |pool| pool.pin_prefix(hashes.slice(), group))
             .py_err(py)
+    }
+
+    /// Unpin the pinned blocks of the longest cached prefix of ``block_hashes``,
+    /// freeing the pin's reference (tail first); returns how many were unpinned.
+    #[pyo3(signature = (block_hashes, *, group_id=None))]
+    fn unpin_prefix(
+        &self,
+        py: Python<'_>,
+        block_hashes: &Bound<'_, PyAny>,
+        group_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+        let hashes = FlatHashes::extract(block_hashes)?;
+        self.with_pool(py, |pool| pool.unpin_prefix(hashes.slice(), group))
+            .py_err(py)
+    }
+
+    /// Unpin every pinned block; returns how many there were.
+    fn unpin_all(&self, py: Python<'_>) -> usize {
+        self.with_pool(py, |pool| pool.unpin_all())
+    }
+
+    /// Number of pinned blocks.
+    fn get_num_pinned_blocks(&self, py: Python<'_>) -> usize {
+        self.with_pool(py, |pool| pool.num_pinned_blocks())
+    }
+
+    /// The pinned blocks' ids, ascending.
+    fn pinned_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let ids = self.with_pool(py, |pool| pool.pinned_blocks());
+        ids_to_numpy(py, &ids)
+    }
+
+    /// Most blocks that may be pinned at once.
+    #[getter]
+    fn max_pinned_blocks(&self) -> u32 {
+        self.config.max_pinned_blocks
+    }
+
+    /// The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``.
+    #[getter]
+    fn eviction(&self) -> &'static str {
+        self.config.eviction.name()
+    }
+
+    /// The clock retention durations run on: ``"monotonic"`` or ``"manual"``.
+    #[getter]
+    fn clock(&self) -> &'static str {
+        if self.config.manual_clock {
+            "manual"
+        } else {
+            "monotonic"
+        }
+    }
+
+    /// The pool's clock in seconds (since the pool was built, or as advanced).
+    #[getter]
+    fn now(&self, py: Python<'_>) -> f64 {
+        self.with_pool(py, |pool| pool.now())
+    }
+
+    /// Move a ``clock="manual"`` pool's clock forward by ``seconds`` (>= 0).
+    fn advance_clock(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+        let seconds = opt_seconds_arg(Some(seconds), "seconds")?.unwrap_or(0.0);
+        self.with_pool(py, |pool| pool.advance_clock(seconds))
+            .py_err(py)
+    }
+
+    /// Cached blocks evicted to make room for allocations, since the pool was built.
+    #[getter]
+    fn num_evictions(&self, py: Python<'_>) -> u64 {
+        self.with_pool(py, |pool| pool.num_evictions())
     }
 
     /// The block cached under ``block_hash`` in ``group_id`` (the first one inserted), or None.
@@ -510,7 +649,10 @@ impl PyBlockPool {
 
     /// The free queue's block ids, head (next to be reused) to tail.
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let ids: Vec<u32> = self.with_pool(py, |pool| pool.free_block_ids().collect());
+        let ids: Vec<u32> = self.with_pool(py, |pool| {
+            pool.apply_expiries();
+            pool.free_block_ids().collect()
+        });
         ids_to_numpy(py, &ids)
     }
 
@@ -559,7 +701,7 @@ impl PyBlockPool {
     fn __repr__(&self, py: Python<'_>) -> String {
         self.with_pool(py, |pool| {
             format!(
-                "BlockPool(num_blocks={}, free={}, cached={}, enable_caching={})",
+                "BlockPool(num_blocks={}, free={}, cached={}, enable_caching={}, eviction={:?})",
                 pool.num_blocks(),
                 pool.num_free_blocks(),
                 pool.num_cached_blocks(),
@@ -567,7 +709,8 @@ impl PyBlockPool {
                     "True"
                 } else {
                     "False"
-                }
+                },
+                pool.eviction_policy().name()
             )
         })
     }

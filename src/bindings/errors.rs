@@ -30,6 +30,7 @@ pub enum ErrorKind {
     UnknownRequest,
     DuplicateRequest,
     OutOfMemory,
+    PinBudget,
 }
 
 /// Builtin base of a class, besides `KVPoolError`.
@@ -43,7 +44,7 @@ enum Builtin {
     Memory,
 }
 
-const CLASSES: [(&str, Builtin, &str); 13] = [
+const CLASSES: [(&str, Builtin, &str); 14] = [
     (
         "KVPoolError",
         Builtin::None,
@@ -109,6 +110,11 @@ const CLASSES: [(&str, Builtin, &str); 13] = [
         Builtin::Memory,
         "Memory for a pool, a manager or a batch could not be allocated; nothing was changed.",
     ),
+    (
+        "PinBudgetError",
+        Builtin::Value,
+        "Pinning would exceed the pool's budget of pinned blocks (max_pinned_blocks); nothing was pinned.",
+    ),
 ];
 
 static TYPES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
@@ -170,6 +176,7 @@ pub fn kind_of(err: &PoolError) -> ErrorKind {
         PoolError::UnknownRequest(_) => ErrorKind::UnknownRequest,
         PoolError::DuplicateRequest(_) => ErrorKind::DuplicateRequest,
         PoolError::OutOfMemory { .. } => ErrorKind::OutOfMemory,
+        PoolError::PinBudget { .. } => ErrorKind::PinBudget,
     }
 }
 

@@ -12,6 +12,7 @@ use super::convert::{
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
+use super::eviction_args::{clock_arg, eviction_arg, opt_seconds_arg, PriorityArg};
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
 use super::locking::{with_detached, with_lock};
 use super::requests::{request_id, request_ids};
@@ -226,7 +227,7 @@ impl PyStepResult {
 #[pymethods]
 impl PyKVCacheManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, stats_window=None, max_pending_events=None))]
+    #[pyo3(signature = (num_blocks, block_size, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, stats_window=None, max_pending_events=None, eviction=None, max_pinned_blocks=None, clock=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -239,9 +240,13 @@ impl PyKVCacheManager {
         max_model_len: Option<&Bound<'_, PyAny>>,
         stats_window: Option<&Bound<'_, PyAny>>,
         max_pending_events: Option<&Bound<'_, PyAny>>,
+        eviction: Option<&Bound<'_, PyAny>>,
+        max_pinned_blocks: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let num_blocks = int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32;
         let config = ManagerConfig {
-            num_blocks: int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
+            num_blocks,
             block_size: int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32,
             enable_caching: opt_bool_arg(enable_caching, "enable_caching", true)?,
             hash_algo: algo_arg(py, hash_algo)?,
@@ -252,6 +257,10 @@ impl PyKVCacheManager {
                 .map(|m| m as usize),
             stats_window: opt_int_arg(stats_window, "stats_window", 0, 1 << 32)?.unwrap_or(1000)
                 as usize,
+            eviction: eviction_arg(py, eviction)?,
+            manual_clock: clock_arg(py, clock)?,
+            max_pinned_blocks: opt_int_arg(max_pinned_blocks, "max_pinned_blocks", 0, num_blocks as i64)?
+                .map(|n| n as u32),
         };
         let (num_blocks, enable_caching) = (config.num_blocks, config.enable_caching);
         let inner = KVCacheManager::new(config).py_err(py)?;
@@ -289,7 +298,10 @@ impl PyKVCacheManager {
     /// Adds a request: its prompt token ids and extra keys (LoRA ``(name, path)``
     /// and ``lora_id`` for events, cache salt, multimodal ``(identifier, offset,
     /// length)`` features, per-block prompt-embedding digests).
-    #[pyo3(signature = (request_id, prompt_token_ids, *, lora=None, lora_id=None, cache_salt=None, mm_features=None, prompt_embed_digests=None))]
+    /// ``priority`` (``0..=100``, for ``retention_s`` seconds if given) is the
+    /// retention priority of the blocks the request caches or hits (managers built
+    /// with ``eviction="priority"``).
+    #[pyo3(signature = (request_id, prompt_token_ids, *, lora=None, lora_id=None, cache_salt=None, mm_features=None, prompt_embed_digests=None, priority=None, retention_s=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -301,8 +313,11 @@ impl PyKVCacheManager {
         cache_salt: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
         prompt_embed_digests: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
+        retention_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
+        let priority = PriorityArg::extract(py, priority, retention_s)?;
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
         let lora_info = LoraInfo {
             id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
@@ -310,13 +325,64 @@ impl PyKVCacheManager {
         };
         let mut buf = Vec::new();
         let tokens = self.token_ids(prompt_token_ids, "prompt_token_ids", &mut buf)?;
-        let add = |m: &mut KVCacheManager| m.add_request(id, tokens, extras, lora_info);
+        let add = |m: &mut KVCacheManager| match priority {
+            None => m.add_request(id, tokens, extras, lora_info),
+            Some(p) => {
+                let p = p.at(m.pool().now());
+                m.add_prioritized_request(id, tokens, extras, lora_info, p)
+            }
+        };
         if tokens.len() > 8192 {
             // Long prompts are hashed with the GIL released, the lock taken inside.
             with_detached(py, &self.inner, add).py_err(py)
         } else {
             self.with_manager(py, add).py_err(py)
         }
+    }
+
+    /// Pin the cached full blocks of ``token_ids`` (a system prompt, hashed as a
+    /// request without extra keys): they are never evicted until unpinned. Returns
+    /// the blocks of its longest cached prefix. Raises ``PinBudgetError`` (nothing
+    /// pinned) beyond ``max_pinned_blocks``.
+    fn pin_prompt(&self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let mut buf = Vec::new();
+        let tokens = self.token_ids(token_ids, "token_ids", &mut buf)?;
+        self.with_manager(py, |m| m.pin_prompt(tokens)).py_err(py)
+    }
+
+    /// Unpin what ``pin_prompt(token_ids)`` pinned; returns the blocks unpinned.
+    fn unpin_prompt(&self, py: Python<'_>, token_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let mut buf = Vec::new();
+        let tokens = self.token_ids(token_ids, "token_ids", &mut buf)?;
+        self.with_manager(py, |m| m.unpin_prompt(tokens)).py_err(py)
+    }
+
+    /// Unpin every pinned block; returns how many there were.
+    fn unpin_all(&self, py: Python<'_>) -> usize {
+        self.with_manager(py, |m| m.unpin_all())
+    }
+
+    /// Number of pinned blocks.
+    fn get_num_pinned_blocks(&self, py: Python<'_>) -> usize {
+        self.with_manager(py, |m| m.pool().num_pinned_blocks())
+    }
+
+    /// The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``.
+    #[getter]
+    fn eviction(&self, py: Python<'_>) -> &'static str {
+        self.with_manager(py, |m| m.pool().eviction_policy().name())
+    }
+
+    /// The pool's clock in seconds (since the manager was built, or as advanced).
+    #[getter]
+    fn now(&self, py: Python<'_>) -> f64 {
+        self.with_manager(py, |m| m.pool().now())
+    }
+
+    /// Move a ``clock="manual"`` manager's clock forward by ``seconds`` (>= 0).
+    fn advance_clock(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+        let seconds = opt_seconds_arg(Some(seconds), "seconds")?.unwrap_or(0.0);
+        self.with_manager(py, |m| m.advance_clock(seconds)).py_err(py)
     }
 
     /// The longest prefix-cache hit of a waiting request, capped below its last

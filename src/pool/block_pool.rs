@@ -8,6 +8,7 @@ use super::error::{PoolError, PoolResult};
 use std::collections::VecDeque;
 
 use super::events::PoolEvent;
+use super::eviction::{BlockPriority, Clock, Eviction, EvictionPolicy};
 use super::free_queue::FreeQueue;
 use super::hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
 use super::key_hasher::KeyHasher;
@@ -34,6 +35,13 @@ pub struct PoolConfig {
     pub hash_width: Option<usize>,
     /// Most events queued before the oldest are dropped (and counted).
     pub max_pending_events: usize,
+    /// Which cached free block is evicted first (`eviction.rs`).
+    pub eviction: EvictionPolicy,
+    /// Run retention durations on a clock the caller advances
+    /// ([`BlockPool::advance_clock`]) instead of the OS's monotonic clock.
+    pub manual_clock: bool,
+    /// Most blocks that may be pinned at once ([`BlockPool::pin_prefix`]).
+    pub max_pinned_blocks: u32,
 }
 
 /// Default bound on queued events: 1,000,000 (about 270 MB of `BlockStored`
@@ -52,6 +60,9 @@ impl PoolConfig {
             block_size: 16,
             hash_width: None,
             max_pending_events: DEFAULT_MAX_PENDING_EVENTS,
+            eviction: EvictionPolicy::Lru,
+            manual_clock: false,
+            max_pinned_blocks: num_blocks / 4,
         }
     }
 }
@@ -80,6 +91,9 @@ pub struct CacheBlocks<'a> {
     /// `None` caches them all; a masked-out block is skipped as the null block is
     /// (a sliding-window group's blocks that no hit can use, `retention.rs`).
     pub block_mask: Option<&'a [bool]>,
+    /// The new blocks' retention priority ([`EvictionPolicy::Priority`] only);
+    /// `None`: the default.
+    pub priority: Option<BlockPriority>,
 }
 
 impl<'a> CacheBlocks<'a> {
@@ -100,6 +114,7 @@ impl<'a> CacheBlocks<'a> {
             lora_id: None,
             lora_name: None,
             block_mask: None,
+            priority: None,
         }
     }
 
@@ -137,6 +152,10 @@ pub struct BlockPool {
     /// Cached blocks of one free call that reached 0, bound for the tail
     /// (`release.rs`).
     pub(super) to_tail: Vec<u32>,
+    /// Blocks held by a pin (`pins.rs`); each holds one reference.
+    pub(super) pins: hashbrown::HashSet<u32>,
+    /// Cached blocks evicted to make room, since the pool was built.
+    evictions: u64,
 }
 
 impl BlockPool {
@@ -175,7 +194,13 @@ impl BlockPool {
         if config.null_block {
             *slab.get_mut(0) = BlockMeta::EMPTY;
         }
-        let queue = FreeQueue::fresh(first, config.num_blocks);
+        let clock = if config.manual_clock {
+            Clock::Manual(0.0)
+        } else {
+            Clock::Monotonic(std::time::Instant::now())
+        };
+        let eviction = Eviction::new(config.eviction, config.num_blocks, clock)?;
+        let queue = FreeQueue::with_policy(first, config.num_blocks, eviction);
         Ok(Self {
             hash_width: config.hash_width,
             config,
@@ -185,7 +210,46 @@ impl BlockPool {
             events: VecDeque::new(),
             dropped_events: 0,
             to_tail: Vec::new(),
+            pins: hashbrown::HashSet::new(),
+            evictions: 0,
         })
+    }
+
+    /// The eviction policy.
+    pub fn eviction_policy(&self) -> EvictionPolicy {
+        self.config.eviction
+    }
+
+    /// The eviction policy's state (uses, credits, priorities), for tests and stats.
+    pub fn eviction(&self) -> &Eviction {
+        self.queue.eviction()
+    }
+
+    /// The clock retention durations run on, in seconds.
+    pub fn now(&self) -> f64 {
+        self.queue.eviction().now()
+    }
+
+    /// Moves a manual clock ([`PoolConfig::manual_clock`]) forward by `seconds`.
+    pub fn advance_clock(&mut self, seconds: f64) -> PoolResult<()> {
+        self.queue.eviction_mut().advance_clock(seconds)
+    }
+
+    /// Lets every raised priority that ran out by now revert, so that
+    /// [`free_block_ids`](Self::free_block_ids) shows the order allocation would use.
+    pub fn apply_expiries(&mut self) {
+        self.queue.apply_expiries(&mut self.slab);
+    }
+
+    /// Cached blocks evicted to make room for allocations, since the pool was built.
+    pub fn num_evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// The fingerprint the adaptive policy's ghost table knows a key by.
+    #[inline]
+    fn fingerprint(key: &BlockHashKey) -> u64 {
+        KeyHasher::process().hash(key)
     }
 
     /// The configuration the pool was built with.
@@ -252,26 +316,36 @@ impl BlockPool {
             });
         }
         let from_list = self.queue.take_front_n(&mut self.slab, n, out);
-        // Only blocks from the queue's list can still hold a hash.
+        // Only blocks from the queue's lists can still hold a hash.
         for &id in &out[from_list..] {
-            self.drop_key(id);
+            if let Some(key) = self.drop_key(id) {
+                self.evictions += 1;
+                if self.config.eviction == EvictionPolicy::Adaptive {
+                    self.queue
+                        .eviction_mut()
+                        .on_evicted(id, Self::fingerprint(&key));
+                }
+            }
         }
         Ok(())
     }
 
-    /// Removes block `id` from the prefix cache, if it is there (one `BlockRemoved`).
+    /// Removes block `id` from the prefix cache, if it is there (one `BlockRemoved`);
+    /// returns the key it held.
     #[inline]
-    fn drop_key(&mut self, id: u32) {
+    fn drop_key(&mut self, id: u32) -> Option<BlockHashKey> {
         let slot = std::mem::replace(&mut self.slab.get_mut(id).key_slot, NIL);
-        if slot != NIL {
-            let key = self.map.remove(slot);
-            if self.config.enable_events {
-                self.emit(PoolEvent::BlockRemoved {
-                    block_hash: key.hash,
-                    group_idx: key.group,
-                });
-            }
+        if slot == NIL {
+            return None;
         }
+        let key = self.map.remove(slot);
+        if self.config.enable_events {
+            self.emit(PoolEvent::BlockRemoved {
+                block_hash: key.hash,
+                group_idx: key.group,
+            });
+        }
+        Some(key)
     }
 
     /// Allocates for several requests at once: `counts[i]` blocks for request `i`,
@@ -314,6 +388,7 @@ impl BlockPool {
             }
             let meta = self.slab.get_mut(id);
             meta.ref_cnt = meta.ref_cnt.saturating_add(1);
+            self.queue.eviction_mut().on_use(id);
         }
         Ok(())
     }
@@ -367,6 +442,12 @@ impl BlockPool {
                 )));
             }
         }
+        if call.priority.is_some() && self.config.eviction != EvictionPolicy::Priority {
+            return Err(PoolError::InvalidArgument(format!(
+                "a retention priority needs a pool built with eviction='priority' (this one evicts by {})",
+                self.config.eviction.name()
+            )));
+        }
         if num_cached_blocks == num_full_blocks {
             return Ok(());
         }
@@ -391,8 +472,10 @@ impl BlockPool {
                 });
             }
             let hash = block_hashes.block_hash(num_cached_blocks + i);
-            let slot = self.map.insert(BlockHashKey::new(hash, call.group), id);
+            let key = BlockHashKey::new(hash, call.group);
+            let slot = self.map.insert(key, id);
             self.slab.get_mut(id).key_slot = slot;
+            self.note_cached(id, &key, call.priority);
         }
         if self.hash_width.is_none() {
             self.hash_width = Some(block_hashes.width());
@@ -421,6 +504,22 @@ impl BlockPool {
             });
         }
         Ok(())
+    }
+
+    /// Tells the eviction policy that block `id` now holds `key`.
+    #[inline]
+    fn note_cached(&mut self, id: u32, key: &BlockHashKey, priority: Option<BlockPriority>) {
+        match self.config.eviction {
+            EvictionPolicy::Lru => {}
+            EvictionPolicy::Priority => self
+                .queue
+                .eviction_mut()
+                .set_priority(id, priority.unwrap_or(BlockPriority::DEFAULT)),
+            EvictionPolicy::Adaptive => self
+                .queue
+                .eviction_mut()
+                .on_cached(id, Self::fingerprint(key)),
+        }
     }
 
     /// Rolls back a partial `cache_full_blocks`: drops the keys just given to `ids`
@@ -479,12 +578,14 @@ impl BlockPool {
         Ok(out.len() - start)
     }
 
-    /// Drops the cached hash of each block (in use or not); frees nothing.
+    /// Drops the cached hash of each block (in use or not); frees nothing, except
+    /// that a pinned block loses its pin (and the reference the pin held).
     pub fn evict_blocks(&mut self, ids: &[u32]) -> PoolResult<()> {
         self.check_ids(ids)?;
         for &id in ids {
             self.drop_key(id);
         }
+        self.unpin_evicted(ids);
         Ok(())
     }
 
@@ -530,6 +631,7 @@ impl BlockPool {
         }
         let slot = self.map.insert(key, id);
         self.slab.get_mut(id).key_slot = slot;
+        self.note_cached(id, &key, None);
         if self.hash_width.is_none() {
             self.hash_width = Some(key.hash.as_bytes().len());
         }
@@ -543,6 +645,7 @@ impl BlockPool {
         }
         let slab = &mut self.slab;
         self.map.drain_blocks(|id| slab.get_mut(id).key_slot = NIL);
+        self.queue.eviction_mut().on_reset();
         if self.config.enable_events {
             self.emit(PoolEvent::AllBlocksCleared);
         }

@@ -390,6 +390,7 @@ impl BlockTables {
             lora_id: lora.id,
             lora_name: lora.name.as_deref(),
             block_mask: None,
+            priority: None,
         };
         pool.cache_full_blocks(call)?;
         table.num_cached = Some(num_full);

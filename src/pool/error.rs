@@ -51,6 +51,15 @@ pub enum PoolError {
     UnknownRequest(String),
     /// A request id that the manager already tracks.
     DuplicateRequest(String),
+    /// Pinning would exceed the pool's budget of pinned blocks.
+    PinBudget {
+        /// Blocks the call would have pinned.
+        requested: usize,
+        /// Blocks pinned before the call.
+        pinned: usize,
+        /// The pool's `max_pinned_blocks`.
+        budget: usize,
+    },
     /// Memory for `what` (`bytes` bytes) could not be allocated; nothing changed.
     OutOfMemory {
         /// What was being allocated.
@@ -107,6 +116,14 @@ impl fmt::Display for PoolError {
             }
             Self::UnknownRequest(id) => write!(f, "unknown request id {id}"),
             Self::DuplicateRequest(id) => write!(f, "request id {id} is already tracked"),
+            Self::PinBudget {
+                requested,
+                pinned,
+                budget,
+            } => write!(
+                f,
+                "pinning {requested} more blocks would exceed the pin budget: {pinned} of {budget} are pinned (max_pinned_blocks)"
+            ),
             Self::OutOfMemory { what, bytes } => {
                 write!(f, "cannot allocate {bytes} bytes for {what}")
             }

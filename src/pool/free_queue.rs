@@ -13,14 +13,19 @@
 //! 2. **the fresh range**: blocks never allocated since the pool was built, in id
 //!    order, so building a pool links nothing; a fresh block taken from the middle
 //!    is unmarked and skipped;
-//! 3. **the list**: cached blocks (and blocks whose hash was dropped while free), a
-//!    doubly linked list threaded through the slab by `u32` links, with O(1) removal
-//!    from the middle, which is what lets a prefix-cache hit reclaim a free block.
+//! 3. **the lists**: cached blocks (and blocks whose hash was dropped while free),
+//!    doubly linked lists threaded through the slab by `u32` links, with O(1)
+//!    removal from the middle, which is what lets a prefix-cache hit reclaim a free
+//!    block. Under LRU there is one list; other eviction policies keep several and
+//!    choose which head goes next (`eviction.rs`, `class_lists.rs`).
 //!
-//! Head to tail the queue is stack (top first), fresh range, list: exactly vLLM's
-//! order (the invariant walk and the model tests check it). Every operation is O(1)
-//! per block moved, amortized, and allocation-free once the stack has grown.
+//! Head to tail the queue is stack (top first), fresh range, lists in the policy's
+//! eviction order: under LRU exactly vLLM's order (the invariant walk and the model
+//! tests check it). Every operation is O(1) per block moved, amortized, and
+//! allocation-free once the stack has grown.
 
+use super::class_lists::{ClassIter, ClassLists};
+use super::eviction::{Clock, Eviction, EvictionPolicy};
 use super::slab::{BlockMeta, Slab, NIL};
 
 /// `next` of a block on the stack (its `prev` is then its index in the stack).
@@ -49,7 +54,7 @@ pub struct QueueParts {
     pub fresh_span: std::ops::Range<u32>,
     /// Blocks of the fresh range still fresh.
     pub fresh_live: usize,
-    /// Blocks in the list.
+    /// Blocks in the lists.
     pub list_len: usize,
 }
 
@@ -60,7 +65,7 @@ pub enum Place {
     Stack(u32),
     /// In the fresh range.
     Fresh,
-    /// In the linked list.
+    /// In one of the lists.
     List,
 }
 
@@ -76,7 +81,8 @@ impl Place {
     }
 }
 
-/// The stack, the fresh range and the list's ends; the links live in the [`Slab`].
+/// The stack, the fresh range and the lists with their eviction policy; the links
+/// live in the [`Slab`].
 #[derive(Clone, Debug)]
 pub struct FreeQueue {
     /// Uncached free blocks, the last one the queue's head; [`NIL`] marks a tombstone.
@@ -88,25 +94,32 @@ pub struct FreeQueue {
     fresh_next: u32,
     fresh_end: u32,
     fresh_live: u32,
-    /// The list's head, tail and length.
-    head: u32,
-    tail: u32,
-    list_len: u32,
+    /// Cached free blocks, one list per class of the policy.
+    lists: ClassLists,
+    /// The policy: each freed block's class and which class goes next.
+    eviction: Eviction,
 }
 
 impl FreeQueue {
-    /// A queue holding the blocks `first..end` in id order, all fresh: the caller has
-    /// built their slab entries as [`BlockMeta::FRESH`]. Costs O(1).
+    /// An LRU queue holding the blocks `first..end` in id order, all fresh: the
+    /// caller has built their slab entries as [`BlockMeta::FRESH`]. Costs O(1).
     pub fn fresh(first: u32, end: u32) -> Self {
+        let eviction = Eviction::new(EvictionPolicy::Lru, 0, Clock::Manual(0.0))
+            .expect("LRU keeps no per-block state");
+        Self::with_policy(first, end, eviction)
+    }
+
+    /// A queue of the blocks `first..end`, all fresh, evicting cached blocks by
+    /// `eviction`'s policy (its per-block state sized for at least `end` blocks).
+    pub fn with_policy(first: u32, end: u32, eviction: Eviction) -> Self {
         Self {
             stack: Vec::new(),
             stack_live: 0,
             fresh_next: first,
             fresh_end: end.max(first),
             fresh_live: end.saturating_sub(first),
-            head: NIL,
-            tail: NIL,
-            list_len: 0,
+            lists: ClassLists::new(eviction.policy().num_classes(), end),
+            eviction,
         }
     }
 
@@ -118,22 +131,54 @@ impl FreeQueue {
     /// Number of free blocks.
     #[inline]
     pub fn len(&self) -> usize {
-        (self.stack_live + self.fresh_live + self.list_len) as usize
+        (self.stack_live + self.fresh_live + self.lists.len()) as usize
+    }
+
+    /// The eviction policy's state.
+    pub fn eviction(&self) -> &Eviction {
+        &self.eviction
+    }
+
+    /// The eviction policy's state, mutably (the pool reports uses, cachings and
+    /// evictions to it).
+    #[inline]
+    pub fn eviction_mut(&mut self) -> &mut Eviction {
+        &mut self.eviction
+    }
+
+    /// The lists of cached free blocks.
+    pub fn lists(&self) -> &ClassLists {
+        &self.lists
+    }
+
+    /// Puts free block `id`, queued in one of the lists, at the tail of the list its
+    /// policy now assigns it (after its priority changed).
+    pub fn requeue(&mut self, slab: &mut Slab, id: u32) {
+        self.lists.unlink(slab, id);
+        self.eviction.on_dequeued(id);
+        let class = self.eviction.class_for(id);
+        self.lists.push_back(slab, class, id);
+    }
+
+    /// Moves every free block whose raised priority ran out to the tail of the
+    /// default priority's list, in expiry order. A no-op without pending expiries.
+    pub fn apply_expiries(&mut self, slab: &mut Slab) {
+        let lists = &self.lists;
+        let due = self.eviction.due_expiries(|id| {
+            Place::of(slab.get(id)) == Place::List
+                && slab.get(id).ref_cnt == 0
+                && lists.class_of(id) != super::eviction::DEFAULT_PRIORITY as usize
+        });
+        for id in due {
+            self.lists.unlink(slab, id);
+            let class = self.eviction.class_for(id);
+            self.lists.push_back(slab, class, id);
+        }
     }
 
     /// True when no block is free.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// The list's tail (the most recently freed cached block), or [`NIL`].
-    pub fn tail(&self) -> u32 {
-        self.tail
-    }
-
-    /// The list's head, or [`NIL`].
-    pub fn list_head(&self) -> u32 {
-        self.head
     }
 
     /// The stack's entries, bottom to top, tombstones ([`NIL`]) included.
@@ -147,7 +192,7 @@ impl FreeQueue {
             stack_live: self.stack_live as usize,
             fresh_span: self.fresh_next..self.fresh_end,
             fresh_live: self.fresh_live as usize,
-            list_len: self.list_len as usize,
+            list_len: self.lists.len() as usize,
         }
     }
 
@@ -202,26 +247,22 @@ impl FreeQueue {
         if self.fresh_live == 0 {
             self.fresh_next = self.fresh_end;
         }
-        // 3. The list, from its head.
+        // 3. The lists, in the policy's order.
         let from_list = out.len();
         if left > 0 {
-            let mut id = self.head;
-            for _ in 0..left {
-                out.push(id);
-                let meta = slab.get_mut(id);
-                let next = meta.next;
-                meta.ref_cnt = 1;
-                meta.prev = NIL;
-                meta.next = NIL;
-                id = next;
-            }
-            self.head = id;
-            if id == NIL {
-                self.tail = NIL;
+            if self.lists.num_classes() == 1 {
+                self.lists.take_front_run(slab, left, out);
             } else {
-                slab.get_mut(id).prev = NIL;
+                self.apply_expiries(slab);
+                for _ in 0..left {
+                    let class = self.eviction.choose(&self.lists);
+                    let id = self.lists.pop_front(slab, class);
+                    self.eviction.on_taken(id);
+                    self.eviction.on_dequeued(id);
+                    slab.get_mut(id).ref_cnt = 1;
+                    out.push(id);
+                }
             }
-            self.list_len -= left as u32;
         }
         from_list
     }
@@ -286,26 +327,19 @@ impl FreeQueue {
         self.stack_live = mark.1;
     }
 
-    /// Appends blocks at the tail of the list, in the order given.
+    /// Appends freed cached blocks, in the order given, each at the tail of the list
+    /// its policy puts it in.
     pub fn push_back_n(&mut self, slab: &mut Slab, ids: &[u32]) {
-        let Some(&first) = ids.first() else {
-            return;
-        };
-        let mut prev = self.tail;
-        for &id in ids {
-            let meta = slab.get_mut(id);
-            meta.prev = prev;
-            meta.next = NIL;
-            if prev != NIL {
-                slab.get_mut(prev).next = id;
+        if self.lists.num_classes() == 1 {
+            for &id in ids {
+                self.lists.push_back(slab, 0, id);
             }
-            prev = id;
+            return;
         }
-        if self.tail == NIL {
-            self.head = first;
+        for &id in ids {
+            let class = self.eviction.class_for(id);
+            self.lists.push_back(slab, class, id);
         }
-        self.tail = prev;
-        self.list_len += ids.len() as u32;
     }
 
     /// Takes block `id`, which the caller knows to be free, out of the queue.
@@ -322,17 +356,8 @@ impl FreeQueue {
             }
             Place::Fresh => self.fresh_live -= 1,
             Place::List => {
-                if meta.prev == NIL {
-                    self.head = meta.next;
-                } else {
-                    slab.get_mut(meta.prev).next = meta.next;
-                }
-                if meta.next == NIL {
-                    self.tail = meta.prev;
-                } else {
-                    slab.get_mut(meta.next).prev = meta.prev;
-                }
-                self.list_len -= 1;
+                self.lists.unlink(slab, id);
+                self.eviction.on_dequeued(id);
             }
         }
         let meta = slab.get_mut(id);
@@ -360,12 +385,24 @@ impl FreeQueue {
         let fresh = (self.fresh_next..self.fresh_end)
             .filter(move |&id| id < slab.len() && slab.get(id).next == FRESH)
             .take(self.fresh_live as usize);
-        let list = ListIter {
-            slab,
-            next: self.head,
-            remaining: self.list_len as usize,
-        };
-        stack.chain(fresh).chain(list)
+        stack.chain(fresh).chain(self.list_order(slab))
+    }
+
+    /// The lists' blocks in the order the policy would evict them now.
+    pub fn list_order<'a>(&'a self, slab: &'a Slab) -> ListOrder<'a> {
+        let heads = self
+            .lists
+            .nonempty_classes()
+            .map(|class| {
+                let mut it = self.lists.iter_class(slab, class);
+                let head = it.next();
+                (class, head, it)
+            })
+            .collect();
+        ListOrder {
+            heads,
+            eviction: &self.eviction,
+        }
     }
 }
 
@@ -375,25 +412,32 @@ impl Default for FreeQueue {
     }
 }
 
-/// Iterator over the list, head to tail. Stops after `len` steps even if the links
-/// were corrupted into a cycle, so `check_invariants` can always finish.
-struct ListIter<'a> {
-    slab: &'a Slab,
-    next: u32,
-    remaining: usize,
+/// The lists merged in eviction order: each step yields the head the policy would
+/// choose (lowest class under priority, lowest credit then lowest class under the
+/// adaptive policy).
+pub struct ListOrder<'a> {
+    heads: Vec<(usize, Option<u32>, ClassIter<'a>)>,
+    eviction: &'a Eviction,
 }
 
-impl Iterator for ListIter<'_> {
+impl Iterator for ListOrder<'_> {
     type Item = u32;
 
     fn next(&mut self) -> Option<u32> {
-        if self.next == NIL || self.remaining == 0 || self.next >= self.slab.len() {
-            return None;
+        let adaptive = self.eviction.policy() == EvictionPolicy::Adaptive;
+        let mut best: Option<(u64, usize)> = None;
+        for (index, (_, head, _)) in self.heads.iter().enumerate() {
+            let Some(id) = *head else { continue };
+            let key = if adaptive { self.eviction.credit(id) } else { 0 };
+            if best.is_none_or(|(k, _)| key < k) {
+                best = Some((key, index));
+            }
         }
-        let id = self.next;
-        self.next = self.slab.get(id).next;
-        self.remaining -= 1;
-        Some(id)
+        let (_, index) = best?;
+        let (_, head, rest) = &mut self.heads[index];
+        let id = head.take();
+        *head = rest.next();
+        id
     }
 }
 
@@ -463,7 +507,7 @@ mod tests {
         q.remove(&mut slab, 1);
         assert_eq!(order(&slab, &q), vec![4, 6, 7]);
         assert_eq!(q.stack_entries(), &[] as &[u32]);
-        assert_eq!((q.list_head(), q.tail()), (NIL, NIL));
+        assert!(q.lists().is_empty());
         let mut out = vec![];
         let from_list = q.take_front_n(&mut slab, 3, &mut out);
         assert_eq!((out, from_list), (vec![4, 6, 7], 3));

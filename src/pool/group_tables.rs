@@ -651,6 +651,7 @@ impl GroupTables {
                 lora_id: lora.id,
                 lora_name: lora.name.as_deref(),
                 block_mask: mask.as_deref(),
+                priority: None,
             };
             pool.cache_full_blocks(call)?;
             table.num_cached[g] = Some(num_full);

@@ -142,26 +142,88 @@ impl BlockPool {
                 "free queue: {fresh} fresh blocks, the count says {fresh_live}"
             ));
         }
-        let mut prev = NIL;
-        let mut id = self.queue.list_head();
-        let mut walked = 0;
-        while id != NIL && id < self.config.num_blocks && walked <= list_len {
-            let meta = self.slab.get(id);
-            if meta.prev != prev {
+        let lists = self.queue.lists();
+        let mut total = 0;
+        for class in 0..lists.num_classes() {
+            let ends = lists.ends(class);
+            let mut prev = NIL;
+            let mut id = ends.head;
+            let mut walked = 0;
+            while id != NIL && id < self.config.num_blocks && walked <= ends.len {
+                let meta = self.slab.get(id);
+                if meta.prev != prev {
+                    problems.push(format!(
+                        "free queue: block {id} links back to {} not {prev}",
+                        meta.prev
+                    ));
+                }
+                if lists.class_of(id) != class {
+                    problems.push(format!(
+                        "free queue: block {id} is in list {class} but records list {}",
+                        lists.class_of(id)
+                    ));
+                }
+                prev = id;
+                id = meta.next;
+                walked += 1;
+            }
+            if walked != ends.len || ends.tail != prev {
                 problems.push(format!(
-                    "free queue: block {id} links back to {} not {prev}",
-                    meta.prev
+                    "free queue: list {class}'s walk ended at {prev} after {walked} blocks; tail {} and length {}",
+                    ends.tail, ends.len
                 ));
             }
-            prev = id;
-            id = meta.next;
-            walked += 1;
+            if (ends.len > 0) != lists.nonempty_classes().any(|c| c == class) {
+                problems.push(format!("free queue: list {class}'s non-empty bit is wrong"));
+            }
+            total += walked as usize;
         }
-        if walked != list_len || self.queue.tail() != prev {
+        if total != list_len {
             problems.push(format!(
-                "free queue: the list walk ended at {prev} after {walked} blocks; tail {} and length {list_len}",
-                self.queue.tail()
+                "free queue: the lists hold {total} blocks, the count says {list_len}"
             ));
+        }
+        self.check_policy(problems);
+    }
+
+    /// The eviction policy's state: adaptive credits never decrease along a list
+    /// (so each head is its list's minimum) and stay above the floor's past; pins
+    /// hold a reference each and never the null block.
+    fn check_policy(&self, problems: &mut Vec<String>) {
+        let lists = self.queue.lists();
+        let eviction = self.queue.eviction();
+        if eviction.policy() == super::eviction::EvictionPolicy::Adaptive {
+            for class in 0..lists.num_classes() {
+                let mut last = 0;
+                for id in lists.iter_class(&self.slab, class) {
+                    let credit = eviction.credit(id);
+                    if credit < last {
+                        problems.push(format!(
+                            "adaptive policy: block {id}'s credit {credit} is below its predecessor's {last}"
+                        ));
+                    }
+                    last = credit;
+                }
+            }
+            let capacity = self.config.num_blocks as usize * super::eviction::GHOSTS_PER_BLOCK;
+            if eviction.ghosts().len() > capacity {
+                problems.push(format!(
+                    "adaptive policy: {} ghosts, more than the {capacity} allowed",
+                    eviction.ghosts().len()
+                ));
+            }
+        }
+        if self.pins.len() > self.config.max_pinned_blocks as usize {
+            problems.push(format!(
+                "pins: {} pinned blocks, over the budget of {}",
+                self.pins.len(),
+                self.config.max_pinned_blocks
+            ));
+        }
+        for &id in &self.pins {
+            if id >= self.config.num_blocks || self.is_null(id) || self.slab.get(id).ref_cnt == 0 {
+                problems.push(format!("pins: block {id} is pinned but holds no reference"));
+            }
         }
     }
 }

@@ -13,6 +13,7 @@
 use hashbrown::HashMap;
 
 use super::block_pool::{BlockPool, CacheBlocks, PoolConfig};
+use super::eviction::BlockPriority;
 use super::error::{PoolError, PoolResult};
 use super::events::PoolEvent;
 use super::hash_key::HashSlice;
@@ -42,6 +43,12 @@ pub struct ManagerConfig {
     pub max_model_len: Option<usize>,
     /// How many recent requests the windowed prefix-cache statistics cover.
     pub stats_window: usize,
+    /// Which cached free block is evicted first.
+    pub eviction: super::EvictionPolicy,
+    /// Run retention durations on a clock the caller advances.
+    pub manual_clock: bool,
+    /// Most blocks that may be pinned at once; `None`: a quarter of the blocks.
+    pub max_pinned_blocks: Option<u32>,
 }
 
 impl ManagerConfig {
@@ -57,6 +64,9 @@ impl ManagerConfig {
             max_pending_events: super::block_pool::DEFAULT_MAX_PENDING_EVENTS,
             max_model_len: None,
             stats_window: 1000,
+            eviction: super::EvictionPolicy::Lru,
+            manual_clock: false,
+            max_pinned_blocks: None,
         }
     }
 }
@@ -80,6 +90,9 @@ pub(super) struct Request {
     pub(super) num_computed_tokens: usize,
     pub(super) lora: LoraInfo,
     pub(super) num_preemptions: u32,
+    /// The retention priority of the blocks the request caches or hits
+    /// ([`EvictionPolicy::Priority`](super::EvictionPolicy::Priority) only).
+    pub(super) priority: Option<BlockPriority>,
 }
 
 impl Request {
@@ -126,6 +139,11 @@ impl KVCacheManager {
         pool_config.enable_events = config.enable_events;
         pool_config.max_pending_events = config.max_pending_events;
         pool_config.hash_width = Some(config.hash_algo.digest_len());
+        pool_config.eviction = config.eviction;
+        pool_config.manual_clock = config.manual_clock;
+        if let Some(budget) = config.max_pinned_blocks {
+            pool_config.max_pinned_blocks = budget;
+        }
         let pool = BlockPool::new(pool_config)?;
         let mut hasher =
             SequenceHasher::new(config.block_size as usize, config.hash_algo, &config.seed)?;
@@ -200,8 +218,36 @@ impl KVCacheManager {
             num_computed_tokens: 0,
             lora,
             num_preemptions: 0,
+            priority: None,
         };
         self.requests.insert(id, request);
+        Ok(())
+    }
+
+    /// [`add_request`](Self::add_request) with a retention priority: the blocks the
+    /// request caches get it, and the hits it takes are raised to it (never
+    /// lowered). Needs a manager built with
+    /// [`EvictionPolicy::Priority`](super::EvictionPolicy::Priority); checked
+    /// before the request is added.
+    pub fn add_prioritized_request(
+        &mut self,
+        id: RequestId,
+        prompt: TokenIds<'_>,
+        extras: SequenceExtras,
+        lora: LoraInfo,
+        priority: BlockPriority,
+    ) -> PoolResult<()> {
+        if self.pool.eviction_policy() != super::EvictionPolicy::Priority {
+            return Err(PoolError::InvalidArgument(format!(
+                "a request priority needs a manager built with eviction='priority' (this one evicts by {})",
+                self.pool.eviction_policy().name()
+            )));
+        }
+        let key = id.clone();
+        self.add_request(id, prompt, extras, lora)?;
+        if let Some(request) = self.requests.get_mut(&key) {
+            request.priority = Some(priority);
+        }
         Ok(())
     }
 
@@ -351,6 +397,9 @@ impl KVCacheManager {
         let to_allocate = required_blocks.saturating_sub(held + hits.len());
         // From here on nothing can fail: every input was checked above.
         pool.touch(hits)?;
+        if let Some(priority) = request.priority {
+            pool.set_priority(hits, priority, true)?;
+        }
         let start = out.len();
         pool.get_new_blocks(to_allocate, out)?;
         if !hits.is_empty() {
@@ -439,6 +488,7 @@ impl KVCacheManager {
             lora_id: request.lora.id,
             lora_name: request.lora.name.as_deref(),
             block_mask: None,
+            priority: request.priority,
         };
         pool.cache_full_blocks(call)?;
         request.num_cached_blocks = num_full;

@@ -1,7 +1,8 @@
 //! The pyo3-free core: block metadata, free queue, prefix map, the pool and its events.
 //!
-//! Arrows point one way: `manager` -> `tracker` -> `block_pool` -> (`free_queue`,
-//! `prefix_map`, `slab`, `events`); `block_tables` (the caller-owned variant of the
+//! Arrows point one way: `manager` -> `tracker` -> `block_pool` -> (`free_queue`
+//! -> (`class_lists`, `eviction`), `prefix_map`, `slab`, `events`); `pins` and
+//! `release` extend `block_pool`; `block_tables` (the caller-owned variant of the
 //! manager, for vLLM's scheduler) -> `block_pool`; `group_tables` (the same for
 //! several KV-cache groups) -> `group_hits`, `retention`, `kv_groups`,
 //! `block_pool`; the managers and tables -> `slots`, `known_hashes`;
@@ -10,9 +11,11 @@
 
 mod block_pool;
 mod block_tables;
+mod class_lists;
 mod error;
 mod events;
 mod events_wire;
+mod eviction;
 mod free_queue;
 mod group_hits;
 mod group_manager;
@@ -24,6 +27,7 @@ mod key_hasher;
 mod known_hashes;
 mod kv_groups;
 mod manager;
+mod pins;
 mod prefix_map;
 mod release;
 mod request_id;
@@ -40,9 +44,13 @@ pub use block_pool::{
 };
 pub use block_tables::{BlockTables, SlotCall};
 pub use error::{PoolError, PoolResult};
+pub use class_lists::{ClassLists, ListEnds, MAX_CLASSES};
 pub use events::PoolEvent;
 pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
-pub use free_queue::{FreeQueue, FrontBatch, Place, QueueParts};
+pub use eviction::{
+    BlockPriority, Clock, Eviction, EvictionPolicy, ADAPTIVE_BANDS, DEFAULT_PRIORITY, MAX_PRIORITY,
+};
+pub use free_queue::{FreeQueue, FrontBatch, ListOrder, Place, QueueParts};
 pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};
 pub use group_manager::{GroupManager, GroupStepOutcome};
 pub use group_tables::{GroupBlocks, GroupSlotCall, GroupTables};

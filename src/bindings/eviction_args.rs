@@ -1,0 +1,106 @@
+//! The arguments of eviction policies, pins and retention priorities, converted
+//! before any lock is taken.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt};
+
+use super::convert::{opt_int_arg, opt_str_arg, type_name};
+use super::errors::{error, ErrorKind};
+use crate::pool::{BlockPriority, EvictionPolicy, MAX_PRIORITY};
+
+/// The ``eviction=`` argument: ``"lru"`` (default), ``"priority"`` or ``"adaptive"``.
+pub fn eviction_arg(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<EvictionPolicy> {
+    match opt_str_arg(obj, "eviction")? {
+        None => Ok(EvictionPolicy::Lru),
+        Some(name) => EvictionPolicy::from_name(&name)
+            .map_err(|e| error(py, ErrorKind::InvalidArgument, e.to_string())),
+    }
+}
+
+/// The ``clock=`` argument: ``"monotonic"`` (default) or ``"manual"``; true for manual.
+pub fn clock_arg(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    match opt_str_arg(obj, "clock")?.as_deref() {
+        None | Some("monotonic") => Ok(false),
+        Some("manual") => Ok(true),
+        Some(other) => Err(error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!("clock must be 'monotonic' or 'manual', got {other:?}"),
+        )),
+    }
+}
+
+/// A number of seconds (an int or a float, not a bool), finite; `None` allowed.
+pub fn opt_seconds_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<f64>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let py = obj.py();
+    let number = obj.is_instance_of::<PyFloat>() || obj.is_instance_of::<PyInt>();
+    if obj.is_instance_of::<PyBool>() || !number {
+        return Err(error(
+            py,
+            ErrorKind::Dtype,
+            format!("{what} must be a number of seconds, got {}", type_name(obj)),
+        ));
+    }
+    let value: f64 = obj.extract()?;
+    if !value.is_finite() {
+        return Err(error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!("{what} must be finite, got {value}"),
+        ));
+    }
+    Ok(Some(value))
+}
+
+/// A retention priority and its duration, checked; turned into a
+/// [`BlockPriority`] under the pool's lock, where the clock is read.
+#[derive(Clone, Copy, Debug)]
+pub struct PriorityArg {
+    priority: u8,
+    duration_s: Option<f64>,
+}
+
+impl PriorityArg {
+    /// ``priority=`` and ``retention_s=``: both `None` is no priority; a duration
+    /// needs a priority; the priority is in ``0..=100``, the duration positive.
+    pub fn extract(
+        py: Python<'_>,
+        priority: Option<&Bound<'_, PyAny>>,
+        retention_s: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Self>> {
+        let priority = opt_int_arg(priority, "priority", 0, i64::from(MAX_PRIORITY))?;
+        let duration_s = opt_seconds_arg(retention_s, "retention_s")?;
+        match (priority, duration_s) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(error(
+                py,
+                ErrorKind::InvalidArgument,
+                "retention_s needs a priority (the priority it keeps for that long)",
+            )),
+            (Some(p), d) => {
+                if let Some(d) = d.filter(|&d| d <= 0.0) {
+                    return Err(error(
+                        py,
+                        ErrorKind::InvalidArgument,
+                        format!("retention_s must be > 0 seconds, got {d}"),
+                    ));
+                }
+                Ok(Some(Self {
+                    priority: p as u8,
+                    duration_s: d,
+                }))
+            }
+        }
+    }
+
+    /// The priority as of `now` on the pool's clock.
+    pub fn at(self, now: f64) -> BlockPriority {
+        BlockPriority {
+            priority: self.priority,
+            expires_at: self.duration_s.map(|d| now + d),
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The free queue's list part: cached free blocks in one or more LRU lists.
+//!
+//! Each list (a *class*) is doubly linked through the slab's `prev`/`next`, least
+//! recently freed at its head. Under LRU there is one class and this is vLLM's
+//! queue. Other eviction policies (`eviction.rs`) sort blocks into several classes
+//! (a retention priority, a use-count band) and pick which class's head goes next;
+//! within a class the order stays LRU. Every operation is O(1).
+
+use super::slab::{Slab, NIL};
+
+/// Most classes a queue can have (the non-empty set is a 128-bit mask).
+pub const MAX_CLASSES: usize = 128;
+
+/// One list's ends and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListEnds {
+    /// First block (the next to go), or [`NIL`].
+    pub head: u32,
+    /// Last block (the most recently queued), or [`NIL`].
+    pub tail: u32,
+    /// Blocks in the list.
+    pub len: u32,
+}
+
+impl ListEnds {
+    const EMPTY: Self = Self {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+}
+
+/// The lists, and which list each queued block is in.
+#[derive(Clone, Debug)]
+pub struct ClassLists {
+    ends: Vec<ListEnds>,
+    /// Each block's class, indexed by block id; empty with one class.
+    class_of: Vec<u8>,
+    /// Bit `c` set when class `c` is non-empty.
+    nonempty: u128,
+    len: u32,
+}
+
+impl ClassLists {
+    /// `classes` empty lists (1..=[`MAX_CLASSES`]) for a slab of `num_blocks`.
+    pub fn new(classes: usize, num_blocks: u32) -> Self {
+        assert!((1..=MAX_CLASSES).contains(&classes));
+        let class_of = if classes > 1 {
+            vec![0; num_blocks as usize]
+        } else {
+            Vec::new()
+        };
+        Self {
+            ends: vec![ListEnds::EMPTY; classes],
+            class_of,
+            nonempty: 0,
+            len: 0,
+        }
+    }
+
+    /// Blocks in all lists.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// True when every list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of classes.
+    pub fn num_classes(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Class `class`'s ends.
+    #[inline]
+    pub fn ends(&self, class: usize) -> ListEnds {
+        self.ends[class]
+    }
+
+    /// The class of queued block `id`.
+    #[inline]
+    pub fn class_of(&self, id: u32) -> usize {
+        if self.class_of.is_empty() {
+            0
+        } else {
+            self.class_of[id as usize] as usize
+        }
+    }
+
+    /// The lowest non-empty class, if any.
+    #[inline]
+    pub fn lowest_nonempty(&self) -> Option<usize> {
+        (self.nonempty != 0).then(|| self.nonempty.trailing_zeros() as usize)
+    }
+
+    /// The non-empty classes, lowest first.
+    pub fn nonempty_classes(&self) -> impl Iterator<Item = usize> {
+        let mut mask = self.nonempty;
+        std::iter::from_fn(move || {
+            (mask != 0).then(|| {
+                let c = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                c
+            })
+        })
+    }
+
+    /// Appends `id` (free, in no list) at the tail of `class`.
+    #[inline]
+    pub fn push_back(&mut self, slab: &mut Slab, class: usize, id: u32) {
+        let ends = &mut self.ends[class];
+        let meta = slab.get_mut(id);
+        meta.prev = ends.tail;
+        meta.next = NIL;
+        if ends.tail == NIL {
+            ends.head = id;
+        } else {
+            slab.get_mut(ends.tail).next = id;
+        }
+        ends.tail = id;
+        ends.len += 1;
+        self.len += 1;
+        self.nonempty |= 1 << class;
+        if !self.class_of.is_empty() {
+            self.class_of[id as usize] = class as u8;
+        }
+    }
+
+    /// Unlinks queued block `id` from its list (its own links are left to the caller).
+    #[inline]
+    pub fn unlink(&mut self, slab: &mut Slab, id: u32) {
+        let class = self.class_of(id);
+        let meta = *slab.get(id);
+        let ends = &mut self.ends[class];
+        if meta.prev == NIL {
+            ends.head = meta.next;
+        } else {
+            slab.get_mut(meta.prev).next = meta.next;
+        }
+        if meta.next == NIL {
+            ends.tail = meta.prev;
+        } else {
+            slab.get_mut(meta.next).prev = meta.prev;
+        }
+        ends.len -= 1;
+        self.len -= 1;
+        if ends.len == 0 {
+            self.nonempty &= !(1 << class);
+        }
+    }
+
+    /// Takes the head of `class` (non-empty) out, its links reset to [`NIL`].
+    #[inline]
+    pub fn pop_front(&mut self, slab: &mut Slab, class: usize) -> u32 {
+        let id = self.ends[class].head;
+        debug_assert!(id != NIL);
+        self.unlink(slab, id);
+        let meta = slab.get_mut(id);
+        meta.prev = NIL;
+        meta.next = NIL;
+        id
+    }
+
+    /// Takes the first `n` blocks of class 0 (it has them) in one walk, appending
+    /// them to `out` with count 1 and no links: the LRU queue's allocation loop.
+    #[inline]
+    pub fn take_front_run(&mut self, slab: &mut Slab, n: usize, out: &mut Vec<u32>) {
+        let ends = &mut self.ends[0];
+        debug_assert!(n as u32 <= ends.len);
+        let mut id = ends.head;
+        for _ in 0..n {
+            out.push(id);
+            let meta = slab.get_mut(id);
+            let next = meta.next;
+            meta.ref_cnt = 1;
+            meta.prev = NIL;
+            meta.next = NIL;
+            id = next;
+        }
+        ends.head = id;
+        if id == NIL {
+            ends.tail = NIL;
+        } else {
+            slab.get_mut(id).prev = NIL;
+        }
+        ends.len -= n as u32;
+        self.len -= n as u32;
+        if ends.len == 0 {
+            self.nonempty &= !1;
+        }
+    }
+
+    /// The blocks of `class`, head to tail. Stops after the list's length even if
+    /// the links were corrupted into a cycle, so the invariant walk always finishes.
+    pub fn iter_class<'a>(&self, slab: &'a Slab, class: usize) -> ClassIter<'a> {
+        ClassIter {
+            slab,
+            next: self.ends[class].head,
+            remaining: self.ends[class].len as usize,
+        }
+    }
+}
+
+/// Iterator over one class's list, head to tail.
+pub struct ClassIter<'a> {
+    slab: &'a Slab,
+    next: u32,
+    remaining: usize,
+}
+
+impl Iterator for ClassIter<'_> {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        if self.next == NIL || self.remaining == 0 || self.next >= self.slab.len() {
+            return None;
+        }
+        let id = self.next;
+        self.next = self.slab.get(id).next;
+        self.remaining -= 1;
+        Some(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_keep_lru_order_and_the_mask() {
+        let mut slab = Slab::new(8).unwrap();
+        let mut lists = ClassLists::new(3, 8);
+        for (id, class) in [(1, 2), (2, 0), (3, 2), (4, 0)] {
+            lists.push_back(&mut slab, class, id);
+        }
+        assert_eq!(lists.lowest_nonempty(), Some(0));
+        assert_eq!(lists.nonempty_classes().collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(lists.iter_class(&slab, 2).collect::<Vec<_>>(), vec![1, 3]);
+        lists.unlink(&mut slab, 2);
+        assert_eq!(lists.pop_front(&mut slab, 0), 4);
+        assert_eq!(lists.lowest_nonempty(), Some(2));
+        assert_eq!(lists.class_of(3), 2);
+        assert_eq!(lists.len(), 2);
+    }
+}

@@ -1,0 +1,532 @@
+//! Eviction policies: which cached free block a full pool reuses first.
+//!
+//! Allocation always takes uncached free blocks first (the free queue's stack and
+//! fresh range, `free_queue.rs`); only when none is left does it evict a cached
+//! block from the queue's lists (`class_lists.rs`). The policy decides which list
+//! (class) each freed cached block joins and which list's head goes next:
+//!
+//! - [`EvictionPolicy::Lru`]: one list, vLLM's order. The default; every observable
+//!   is what it was before policies existed.
+//! - [`EvictionPolicy::Priority`]: TensorRT-LLM's retention model. A cached block
+//!   carries a priority `0..=100` (default 35), optionally with a duration after
+//!   which it reverts to the default. One list per priority; the lowest non-empty
+//!   priority goes first, LRU within it. O(1) per block; an expiry costs O(log n).
+//! - [`EvictionPolicy::Adaptive`]: frequency-weighted recency (GreedyDual over use
+//!   counts). A block's *uses* count the requests that cached or hit it, remembered
+//!   across evictions by a ghost table of recently evicted keys. A freed block of
+//!   `u` uses joins band `b = min(u, 5) - 1` with credit `L + b + 1`, where `L` is
+//!   the credit of the last evicted block; eviction takes the band head with the
+//!   lowest credit. Blocks used more often stay proportionally longer, and `L`
+//!   rising ages every band, so no block stays forever (no LFU pollution). O(1)
+//!   per block (five heads compared, one ghost-table operation). The measurements
+//!   behind the choice are in `docs/eviction.md`.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Instant;
+
+use hashbrown::HashMap;
+
+use super::class_lists::ClassLists;
+use super::error::{PoolError, PoolResult};
+
+/// The retention priority blocks get unless told otherwise (TensorRT-LLM's default).
+pub const DEFAULT_PRIORITY: u8 = 35;
+/// The highest retention priority.
+pub const MAX_PRIORITY: u8 = 100;
+/// Use-count bands of the adaptive policy.
+pub const ADAPTIVE_BANDS: usize = 5;
+/// Ghost entries the adaptive policy keeps per block of the pool.
+pub const GHOSTS_PER_BLOCK: usize = 2;
+
+/// Which cached free block is evicted first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// Least recently freed first (vLLM's order).
+    #[default]
+    Lru,
+    /// Lowest retention priority first, least recently freed within a priority.
+    Priority,
+    /// Frequency-weighted recency; see the module docs.
+    Adaptive,
+}
+
+impl EvictionPolicy {
+    /// Every policy, in the order `kvpool simulate --policy` lists them.
+    pub const ALL: [Self; 3] = [Self::Lru, Self::Priority, Self::Adaptive];
+
+    /// The stable name (`"lru"`, `"priority"`, `"adaptive"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lru => "lru",
+            Self::Priority => "priority",
+            Self::Adaptive => "adaptive",
+        }
+    }
+
+    /// The policy called `name`.
+    pub fn from_name(name: &str) -> PoolResult<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| {
+                PoolError::InvalidArgument(format!(
+                    "unknown eviction policy {name:?}: choose lru, priority or adaptive"
+                ))
+            })
+    }
+
+    /// How many lists the free queue keeps for this policy.
+    pub fn num_classes(self) -> usize {
+        match self {
+            Self::Lru => 1,
+            Self::Priority => MAX_PRIORITY as usize + 1,
+            Self::Adaptive => ADAPTIVE_BANDS,
+        }
+    }
+}
+
+/// A block's retention under [`EvictionPolicy::Priority`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockPriority {
+    /// `0..=`[`MAX_PRIORITY`]; higher stays longer.
+    pub priority: u8,
+    /// When (on the pool's clock, in seconds) the priority reverts to
+    /// [`DEFAULT_PRIORITY`]; `None`: never.
+    pub expires_at: Option<f64>,
+}
+
+impl BlockPriority {
+    /// The default retention: [`DEFAULT_PRIORITY`], forever.
+    pub const DEFAULT: Self = Self {
+        priority: DEFAULT_PRIORITY,
+        expires_at: None,
+    };
+
+    /// Priority `priority` for `duration_s` seconds from `now` (forever when `None`).
+    pub fn new(priority: i64, duration_s: Option<f64>, now: f64) -> PoolResult<Self> {
+        if !(0..=i64::from(MAX_PRIORITY)).contains(&priority) {
+            return Err(PoolError::InvalidArgument(format!(
+                "priority must be in 0..={MAX_PRIORITY}, got {priority}"
+            )));
+        }
+        if let Some(d) = duration_s {
+            if !(d.is_finite() && d > 0.0) {
+                return Err(PoolError::InvalidArgument(format!(
+                    "retention_s must be a positive number of seconds, got {d}"
+                )));
+            }
+        }
+        Ok(Self {
+            priority: priority as u8,
+            expires_at: duration_s.map(|d| now + d),
+        })
+    }
+
+    /// The priority in force at `now`.
+    #[inline]
+    pub fn effective(&self, now: f64) -> u8 {
+        match self.expires_at {
+            Some(t) if t <= now => DEFAULT_PRIORITY,
+            _ => self.priority,
+        }
+    }
+}
+
+/// The clock retention durations run on.
+#[derive(Clone, Copy, Debug)]
+pub enum Clock {
+    /// Seconds since the pool was built, from the OS's monotonic clock.
+    Monotonic(Instant),
+    /// Seconds set by the caller (`advance_clock`), for tests and simulations.
+    Manual(f64),
+}
+
+impl Clock {
+    /// The current time in seconds.
+    #[inline]
+    pub fn now(&self) -> f64 {
+        match self {
+            Self::Monotonic(start) => start.elapsed().as_secs_f64(),
+            Self::Manual(t) => *t,
+        }
+    }
+}
+
+/// A FIFO-bounded table of recently evicted keys (by fingerprint) and their uses.
+#[derive(Clone, Debug, Default)]
+pub struct Ghosts {
+    uses: HashMap<u64, (u8, u64)>,
+    order: VecDeque<(u64, u64)>,
+    stamp: u64,
+    capacity: usize,
+}
+
+impl Ghosts {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            ..Self::default()
+        }
+    }
+
+    /// Remembers that the key `fingerprint` left the cache with `uses` uses; the
+    /// oldest records beyond the capacity are forgotten.
+    fn record(&mut self, fingerprint: u64, uses: u8) {
+        self.stamp += 1;
+        self.uses.insert(fingerprint, (uses, self.stamp));
+        self.order.push_back((fingerprint, self.stamp));
+        while self.order.len() > self.capacity {
+            let Some((old, stamp)) = self.order.pop_front() else {
+                break;
+            };
+            if self.uses.get(&old).is_some_and(|&(_, s)| s == stamp) {
+                self.uses.remove(&old);
+            }
+        }
+    }
+
+    /// The uses recorded for `fingerprint`, forgotten as they are read.
+    fn take(&mut self, fingerprint: u64) -> u8 {
+        self.uses.remove(&fingerprint).map_or(0, |(u, _)| u)
+    }
+
+    /// Records currently remembered.
+    pub fn len(&self) -> usize {
+        self.uses.len()
+    }
+
+    /// True when nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.uses.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.uses.clear();
+        self.order.clear();
+    }
+}
+
+/// An expiry waiting in the heap: when, in which order it was queued, which block.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Expiry {
+    at: f64,
+    seq: u64,
+    id: u32,
+}
+
+impl Eq for Expiry {}
+
+impl Ord for Expiry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.at
+            .total_cmp(&other.at)
+            .then(self.seq.cmp(&other.seq))
+    }
+}
+
+impl PartialOrd for Expiry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The policy's per-block state and its choice of class.
+#[derive(Clone, Debug)]
+pub struct Eviction {
+    policy: EvictionPolicy,
+    clock: Clock,
+    /// Priority: each block's retention (empty under other policies).
+    priorities: Vec<BlockPriority>,
+    /// Priority: expiries of free blocks queued above the default priority.
+    expiries: BinaryHeap<Reverse<Expiry>>,
+    /// Priority: the `seq` of each block's live expiry entry (stale entries differ).
+    expiry_seq: Vec<u64>,
+    next_seq: u64,
+    /// Adaptive: each block's use count.
+    uses: Vec<u8>,
+    /// Adaptive: each queued block's credit.
+    credit: Vec<u64>,
+    /// Adaptive: the credit of the last evicted block (GreedyDual's `L`).
+    floor: u64,
+    ghosts: Ghosts,
+}
+
+impl Eviction {
+    /// The state of `policy` for `num_blocks` blocks, on `clock`.
+    pub fn new(policy: EvictionPolicy, num_blocks: u32, clock: Clock) -> PoolResult<Self> {
+        let n = num_blocks as usize;
+        let side = |bytes_per_block: usize| {
+            PoolError::OutOfMemory {
+                what: "the eviction policy's per-block state",
+                bytes: n.saturating_mul(bytes_per_block),
+            }
+        };
+        let mut state = Self {
+            policy,
+            clock,
+            priorities: Vec::new(),
+            expiries: BinaryHeap::new(),
+            expiry_seq: Vec::new(),
+            next_seq: 0,
+            uses: Vec::new(),
+            credit: Vec::new(),
+            floor: 0,
+            ghosts: Ghosts::new(0),
+        };
+        match policy {
+            EvictionPolicy::Lru => {}
+            EvictionPolicy::Priority => {
+                state.priorities.try_reserve_exact(n).map_err(|_| side(24))?;
+                state.priorities.resize(n, BlockPriority::DEFAULT);
+                state.expiry_seq.try_reserve_exact(n).map_err(|_| side(24))?;
+                state.expiry_seq.resize(n, u64::MAX);
+            }
+            EvictionPolicy::Adaptive => {
+                state.uses.try_reserve_exact(n).map_err(|_| side(9))?;
+                state.uses.resize(n, 0);
+                state.credit.try_reserve_exact(n).map_err(|_| side(9))?;
+                state.credit.resize(n, 0);
+                state.ghosts = Ghosts::new(n.saturating_mul(GHOSTS_PER_BLOCK));
+            }
+        }
+        Ok(state)
+    }
+
+    /// The policy.
+    #[inline]
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+
+    /// The pool's clock, in seconds.
+    pub fn now(&self) -> f64 {
+        self.clock.now()
+    }
+
+    /// Moves a manual clock forward by `seconds`.
+    pub fn advance_clock(&mut self, seconds: f64) -> PoolResult<()> {
+        match &mut self.clock {
+            Clock::Manual(t) if seconds.is_finite() && seconds >= 0.0 => {
+                *t += seconds;
+                Ok(())
+            }
+            Clock::Manual(_) => Err(PoolError::InvalidArgument(format!(
+                "advance_clock takes a finite number of seconds >= 0, got {seconds}"
+            ))),
+            Clock::Monotonic(_) => Err(PoolError::InvalidArgument(
+                "advance_clock needs a pool built with clock='manual'".into(),
+            )),
+        }
+    }
+
+    /// Whether the clock is manual.
+    pub fn manual_clock(&self) -> bool {
+        matches!(self.clock, Clock::Manual(_))
+    }
+
+    /// Block `id`'s retention (the default under other policies).
+    pub fn priority_of(&self, id: u32) -> BlockPriority {
+        self.priorities
+            .get(id as usize)
+            .copied()
+            .unwrap_or(BlockPriority::DEFAULT)
+    }
+
+    /// Sets block `id`'s retention (priority policy only; the caller validated).
+    pub fn set_priority(&mut self, id: u32, retention: BlockPriority) {
+        if let Some(r) = self.priorities.get_mut(id as usize) {
+            *r = retention;
+        }
+    }
+
+    /// Block `id`'s use count (adaptive only; 0 otherwise).
+    pub fn uses(&self, id: u32) -> u8 {
+        self.uses.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// Block `id`'s credit while queued (adaptive only).
+    pub fn credit(&self, id: u32) -> u64 {
+        self.credit.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// The ghost table (adaptive only; empty otherwise).
+    pub fn ghosts(&self) -> &Ghosts {
+        &self.ghosts
+    }
+
+    // ------------------------------------------------------------ events of the pool
+
+    /// A request took a reference to block `id` (a hit, or a block shared while in use).
+    #[inline]
+    pub fn on_use(&mut self, id: u32) {
+        if let Some(u) = self.uses.get_mut(id as usize) {
+            *u = u.saturating_add(1);
+        }
+    }
+
+    /// Block `id` was cached under the key of fingerprint `fingerprint`.
+    #[inline]
+    pub fn on_cached(&mut self, id: u32, fingerprint: u64) {
+        if self.policy == EvictionPolicy::Adaptive {
+            let before = self.ghosts.take(fingerprint);
+            self.uses[id as usize] = before.saturating_add(1);
+        }
+    }
+
+    /// Allocation evicted block `id`, cached under fingerprint `fingerprint`.
+    #[inline]
+    pub fn on_evicted(&mut self, id: u32, fingerprint: u64) {
+        if self.policy == EvictionPolicy::Adaptive {
+            self.ghosts.record(fingerprint, self.uses[id as usize]);
+        }
+    }
+
+    /// The prefix cache was cleared.
+    pub fn on_reset(&mut self) {
+        self.ghosts.clear();
+    }
+
+    // ------------------------------------------------------------ the queue's lists
+
+    /// The class freed cached block `id` joins, and its per-class state set up.
+    #[inline]
+    pub fn class_for(&mut self, id: u32) -> usize {
+        match self.policy {
+            EvictionPolicy::Lru => 0,
+            EvictionPolicy::Priority => {
+                let retention = self.priorities[id as usize];
+                let now = if retention.expires_at.is_some() {
+                    self.clock.now()
+                } else {
+                    0.0
+                };
+                let priority = retention.effective(now);
+                if let (Some(at), true) = (retention.expires_at, priority != DEFAULT_PRIORITY) {
+                    let seq = self.next_seq;
+                    self.next_seq += 1;
+                    self.expiry_seq[id as usize] = seq;
+                    self.expiries.push(Reverse(Expiry { at, seq, id }));
+                }
+                priority as usize
+            }
+            EvictionPolicy::Adaptive => {
+                let band = (self.uses[id as usize].max(1) as usize).min(ADAPTIVE_BANDS) - 1;
+                self.credit[id as usize] = self.floor + band as u64 + 1;
+                band
+            }
+        }
+    }
+
+    /// The class whose head is evicted next (`lists` is not empty).
+    #[inline]
+    pub fn choose(&self, lists: &ClassLists) -> usize {
+        match self.policy {
+            EvictionPolicy::Lru => 0,
+            EvictionPolicy::Priority => lists.lowest_nonempty().unwrap_or(0),
+            EvictionPolicy::Adaptive => {
+                let mut best = (u64::MAX, 0);
+                for class in lists.nonempty_classes() {
+                    let credit = self.credit[lists.ends(class).head as usize];
+                    if credit < best.0 {
+                        best = (credit, class);
+                    }
+                }
+                best.1
+            }
+        }
+    }
+
+    /// Block `id` was taken from its list for reuse.
+    #[inline]
+    pub fn on_taken(&mut self, id: u32) {
+        if self.policy == EvictionPolicy::Adaptive {
+            self.floor = self.floor.max(self.credit[id as usize]);
+        }
+    }
+
+    /// Free blocks whose raised priority has run out by now, in expiry order; each
+    /// is checked to still be the entry's block (`is_queued_above_default`).
+    pub fn due_expiries(&mut self, mut still_queued: impl FnMut(u32) -> bool) -> Vec<u32> {
+        let mut due = Vec::new();
+        let Some(Reverse(first)) = self.expiries.peek() else {
+            return due;
+        };
+        let now = self.clock.now();
+        if first.at > now {
+            return due;
+        }
+        while let Some(Reverse(e)) = self.expiries.peek().copied() {
+            if e.at > now {
+                break;
+            }
+            self.expiries.pop();
+            if self.expiry_seq[e.id as usize] == e.seq && still_queued(e.id) {
+                self.expiry_seq[e.id as usize] = u64::MAX;
+                self.priorities[e.id as usize] = BlockPriority::DEFAULT;
+                due.push(e.id);
+            }
+        }
+        due
+    }
+
+    /// Block `id` left the queue: its pending expiry entry, if any, goes stale.
+    #[inline]
+    pub fn on_dequeued(&mut self, id: u32) {
+        if let Some(seq) = self.expiry_seq.get_mut(id as usize) {
+            *seq = u64::MAX;
+        }
+        // Stale entries are dropped as they come due; a heap much larger than the
+        // pool is rebuilt from its live entries.
+        if self.expiries.len() > 2 * self.expiry_seq.len() + 64 {
+            let live: Vec<_> = self
+                .expiries
+                .drain()
+                .filter(|Reverse(e)| self.expiry_seq[e.id as usize] == e.seq)
+                .collect();
+            self.expiries = live.into();
+        }
+    }
+
+    /// Pending expiry entries (live and stale), for the invariant walk.
+    pub fn num_expiry_entries(&self) -> usize {
+        self.expiries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for p in EvictionPolicy::ALL {
+            assert_eq!(EvictionPolicy::from_name(p.name()).unwrap(), p);
+        }
+        assert!(EvictionPolicy::from_name("lfu").is_err());
+    }
+
+    #[test]
+    fn retention_reverts_after_its_duration() {
+        let r = BlockPriority::new(90, Some(10.0), 5.0).unwrap();
+        assert_eq!(r.effective(14.9), 90);
+        assert_eq!(r.effective(15.0), DEFAULT_PRIORITY);
+        assert!(BlockPriority::new(101, None, 0.0).is_err());
+        assert!(BlockPriority::new(50, Some(0.0), 0.0).is_err());
+        assert!(BlockPriority::new(50, Some(f64::NAN), 0.0).is_err());
+    }
+
+    #[test]
+    fn ghosts_forget_the_oldest_and_read_once() {
+        let mut g = Ghosts::new(2);
+        g.record(1, 3);
+        g.record(2, 4);
+        g.record(1, 5); // re-recorded: the older record of 1 is stale
+        assert_eq!(g.len(), 2);
+        g.record(3, 1); // pushes out (2, 4): (1, 3) was stale
+        assert_eq!(g.take(2), 0);
+        assert_eq!(g.take(1), 5);
+        assert_eq!(g.take(1), 0);
+        assert_eq!(g.take(3), 1);
+    }
+}
