@@ -130,8 +130,13 @@ impl PyBlockPool {
             max_pending_events: max_pending_events_arg(max_pending_events)?,
             eviction: eviction_arg(py, eviction)?,
             manual_clock: clock_arg(py, clock)?,
-            max_pinned_blocks: opt_int_arg(max_pinned_blocks, "max_pinned_blocks", 0, num_blocks as i64)?
-                .map_or(num_blocks / 4, |n| n as u32),
+            max_pinned_blocks: opt_int_arg(
+                max_pinned_blocks,
+                "max_pinned_blocks",
+                0,
+                num_blocks as i64,
+            )?
+            .map_or(num_blocks / 4, |n| n as u32),
         };
         let inner = pool::BlockPool::new(config.clone()).py_err(py)?;
         Ok(Self {
@@ -385,7 +390,11 @@ impl PyBlockPool {
     ) -> PyResult<()> {
         let ids = self.ids(block_ids)?;
         let priority = PriorityArg::extract(py, Some(priority), retention_s)?.ok_or_else(|| {
-            error(py, ErrorKind::InvalidArgument, "priority must be an int in 0..=100, got None")
+            error(
+                py,
+                ErrorKind::InvalidArgument,
+                "priority must be an int in 0..=100, got None",
+            )
         })?;
         self.with_pool(py, |pool| {
             let p = priority.at(pool.now());
@@ -396,7 +405,11 @@ impl PyBlockPool {
 
     /// Block ``block_id``'s retention ``(priority, expires_at)`` (``expires_at`` on the
     /// pool's clock, None: never); the default ``(35, None)`` under other policies.
-    fn block_priority(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<(u8, Option<f64>)> {
+    fn block_priority(
+        &self,
+        py: Python<'_>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<(u8, Option<f64>)> {
         let id = self.one_id(block_id)?;
         Ok(self.with_pool(py, |pool| {
             let p = pool.eviction().priority_of(id);

@@ -259,8 +259,13 @@ impl PyKVCacheManager {
                 as usize,
             eviction: eviction_arg(py, eviction)?,
             manual_clock: clock_arg(py, clock)?,
-            max_pinned_blocks: opt_int_arg(max_pinned_blocks, "max_pinned_blocks", 0, num_blocks as i64)?
-                .map(|n| n as u32),
+            max_pinned_blocks: opt_int_arg(
+                max_pinned_blocks,
+                "max_pinned_blocks",
+                0,
+                num_blocks as i64,
+            )?
+            .map(|n| n as u32),
         };
         let (num_blocks, enable_caching) = (config.num_blocks, config.enable_caching);
         let inner = KVCacheManager::new(config).py_err(py)?;
@@ -382,7 +387,8 @@ impl PyKVCacheManager {
     /// Move a ``clock="manual"`` manager's clock forward by ``seconds`` (>= 0).
     fn advance_clock(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
         let seconds = opt_seconds_arg(Some(seconds), "seconds")?.unwrap_or(0.0);
-        self.with_manager(py, |m| m.advance_clock(seconds)).py_err(py)
+        self.with_manager(py, |m| m.advance_clock(seconds))
+            .py_err(py)
     }
 
     /// The longest prefix-cache hit of a waiting request, capped below its last

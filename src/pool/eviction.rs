@@ -11,15 +11,18 @@
 //!   carries a priority `0..=100` (default 35), optionally with a duration after
 //!   which it reverts to the default. One list per priority; the lowest non-empty
 //!   priority goes first, LRU within it. O(1) per block; an expiry costs O(log n).
-//! - [`EvictionPolicy::Adaptive`]: frequency-weighted recency (GreedyDual over use
-//!   counts). A block's *uses* count the requests that cached or hit it, remembered
-//!   across evictions by a ghost table of recently evicted keys. A freed block of
-//!   `u` uses joins band `b = min(u, 5) - 1` with credit `L + b + 1`, where `L` is
-//!   the credit of the last evicted block; eviction takes the band head with the
-//!   lowest credit. Blocks used more often stay proportionally longer, and `L`
-//!   rising ages every band, so no block stays forever (no LFU pollution). O(1)
-//!   per block (five heads compared, one ghost-table operation). The measurements
-//!   behind the choice are in `docs/eviction.md`.
+//! - [`EvictionPolicy::Adaptive`]: frequency-weighted recency. A block's *uses*
+//!   count the requests that cached or hit it, remembered across evictions by a
+//!   ghost table of recently evicted keys (two per block of the pool). A freed
+//!   block of `u` uses joins band `b = min(u, 5) - 1` with credit `t + bonus(b)`,
+//!   where `t` counts the cached blocks freed so far and `bonus(b) = 0.75 *
+//!   num_blocks * log2(1 + b)`: a block used more often stays as if it had been
+//!   freed that much later. Eviction takes the band head with the lowest credit
+//!   (each band is in `t` order, so its head is its minimum). With every bonus 0
+//!   this is LRU; the bonus is bounded, so no block stays forever (no LFU
+//!   pollution). O(1) per block (five heads compared, one ghost-table operation).
+//!   The measurements behind the choice, and the alternatives tried, are in
+//!   `docs/eviction.md`.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -36,6 +39,20 @@ pub const DEFAULT_PRIORITY: u8 = 35;
 pub const MAX_PRIORITY: u8 = 100;
 /// Use-count bands of the adaptive policy.
 pub const ADAPTIVE_BANDS: usize = 5;
+/// `1000 * log2(1 + b)` for each band `b`, rounded: the adaptive policy's bonus
+/// curve in integers, so that every implementation computes the same credits.
+pub const BAND_LOG2_MILLI: [u64; ADAPTIVE_BANDS] = [0, 1000, 1585, 2000, 2322];
+/// The adaptive policy's bonus scale: `bonus(b) = num_blocks * log2(1 + b) *
+/// BONUS_NUM / BONUS_DEN`.
+pub const BONUS_NUM: u64 = 3;
+/// See [`BONUS_NUM`].
+pub const BONUS_DEN: u64 = 4;
+
+/// The adaptive policy's credit bonus of each band for a pool of `num_blocks`.
+pub fn band_bonuses(num_blocks: u32) -> [u64; ADAPTIVE_BANDS] {
+    BAND_LOG2_MILLI.map(|l| u64::from(num_blocks) * l * BONUS_NUM / (BONUS_DEN * 1000))
+}
+
 /// Ghost entries the adaptive policy keeps per block of the pool.
 pub const GHOSTS_PER_BLOCK: usize = 2;
 
@@ -219,9 +236,7 @@ impl Eq for Expiry {}
 
 impl Ord for Expiry {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.at
-            .total_cmp(&other.at)
-            .then(self.seq.cmp(&other.seq))
+        self.at.total_cmp(&other.at).then(self.seq.cmp(&other.seq))
     }
 }
 
@@ -247,8 +262,10 @@ pub struct Eviction {
     uses: Vec<u8>,
     /// Adaptive: each queued block's credit.
     credit: Vec<u64>,
-    /// Adaptive: the credit of the last evicted block (GreedyDual's `L`).
-    floor: u64,
+    /// Adaptive: cached blocks freed so far (the policy's clock).
+    tick: u64,
+    /// Adaptive: each band's credit bonus.
+    bonus: [u64; ADAPTIVE_BANDS],
     ghosts: Ghosts,
 }
 
@@ -256,11 +273,9 @@ impl Eviction {
     /// The state of `policy` for `num_blocks` blocks, on `clock`.
     pub fn new(policy: EvictionPolicy, num_blocks: u32, clock: Clock) -> PoolResult<Self> {
         let n = num_blocks as usize;
-        let side = |bytes_per_block: usize| {
-            PoolError::OutOfMemory {
-                what: "the eviction policy's per-block state",
-                bytes: n.saturating_mul(bytes_per_block),
-            }
+        let side = |bytes_per_block: usize| PoolError::OutOfMemory {
+            what: "the eviction policy's per-block state",
+            bytes: n.saturating_mul(bytes_per_block),
         };
         let mut state = Self {
             policy,
@@ -271,15 +286,22 @@ impl Eviction {
             next_seq: 0,
             uses: Vec::new(),
             credit: Vec::new(),
-            floor: 0,
+            tick: 0,
+            bonus: band_bonuses(num_blocks),
             ghosts: Ghosts::new(0),
         };
         match policy {
             EvictionPolicy::Lru => {}
             EvictionPolicy::Priority => {
-                state.priorities.try_reserve_exact(n).map_err(|_| side(24))?;
+                state
+                    .priorities
+                    .try_reserve_exact(n)
+                    .map_err(|_| side(24))?;
                 state.priorities.resize(n, BlockPriority::DEFAULT);
-                state.expiry_seq.try_reserve_exact(n).map_err(|_| side(24))?;
+                state
+                    .expiry_seq
+                    .try_reserve_exact(n)
+                    .map_err(|_| side(24))?;
                 state.expiry_seq.resize(n, u64::MAX);
             }
             EvictionPolicy::Adaptive => {
@@ -412,7 +434,8 @@ impl Eviction {
             }
             EvictionPolicy::Adaptive => {
                 let band = (self.uses[id as usize].max(1) as usize).min(ADAPTIVE_BANDS) - 1;
-                self.credit[id as usize] = self.floor + band as u64 + 1;
+                self.tick += 1;
+                self.credit[id as usize] = self.tick + self.bonus[band];
                 band
             }
         }
@@ -434,14 +457,6 @@ impl Eviction {
                 }
                 best.1
             }
-        }
-    }
-
-    /// Block `id` was taken from its list for reuse.
-    #[inline]
-    pub fn on_taken(&mut self, id: u32) {
-        if self.policy == EvictionPolicy::Adaptive {
-            self.floor = self.floor.max(self.credit[id as usize]);
         }
     }
 

@@ -257,7 +257,6 @@ impl FreeQueue {
                 for _ in 0..left {
                     let class = self.eviction.choose(&self.lists);
                     let id = self.lists.pop_front(slab, class);
-                    self.eviction.on_taken(id);
                     self.eviction.on_dequeued(id);
                     slab.get_mut(id).ref_cnt = 1;
                     out.push(id);
@@ -428,7 +427,11 @@ impl Iterator for ListOrder<'_> {
         let mut best: Option<(u64, usize)> = None;
         for (index, (_, head, _)) in self.heads.iter().enumerate() {
             let Some(id) = *head else { continue };
-            let key = if adaptive { self.eviction.credit(id) } else { 0 };
+            let key = if adaptive {
+                self.eviction.credit(id)
+            } else {
+                0
+            };
             if best.is_none_or(|(k, _)| key < k) {
                 best = Some((key, index));
             }

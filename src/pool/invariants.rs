@@ -187,7 +187,7 @@ impl BlockPool {
     }
 
     /// The eviction policy's state: adaptive credits never decrease along a list
-    /// (so each head is its list's minimum) and stay above the floor's past; pins
+    /// (so each head is its list's minimum); pins
     /// hold a reference each and never the null block.
     fn check_policy(&self, problems: &mut Vec<String>) {
         let lists = self.queue.lists();

@@ -13,9 +13,9 @@
 use hashbrown::HashMap;
 
 use super::block_pool::{BlockPool, CacheBlocks, PoolConfig};
-use super::eviction::BlockPriority;
 use super::error::{PoolError, PoolResult};
 use super::events::PoolEvent;
+use super::eviction::BlockPriority;
 use super::hash_key::HashSlice;
 use super::hashing::HashAlgo;
 use super::request_id::RequestId;

@@ -43,12 +43,13 @@ pub use block_pool::{
     DEFAULT_MAX_PENDING_EVENTS, MAX_BLOCKS,
 };
 pub use block_tables::{BlockTables, SlotCall};
-pub use error::{PoolError, PoolResult};
 pub use class_lists::{ClassLists, ListEnds, MAX_CLASSES};
+pub use error::{PoolError, PoolResult};
 pub use events::PoolEvent;
 pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
 pub use eviction::{
-    BlockPriority, Clock, Eviction, EvictionPolicy, ADAPTIVE_BANDS, DEFAULT_PRIORITY, MAX_PRIORITY,
+    band_bonuses, BlockPriority, Clock, Eviction, EvictionPolicy, ADAPTIVE_BANDS, BAND_LOG2_MILLI,
+    DEFAULT_PRIORITY, GHOSTS_PER_BLOCK, MAX_PRIORITY,
 };
 pub use free_queue::{FreeQueue, FrontBatch, ListOrder, Place, QueueParts};
 pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};
