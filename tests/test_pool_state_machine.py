@@ -32,6 +32,7 @@ from kvpool._errors import (
     InvalidArgumentError,
     InvalidBlockIdError,
     NoFreeBlocksError,
+    PinBudgetError,
 )
 from kvpool.reference import BlockPool as ReferencePool
 
@@ -128,9 +129,12 @@ class PoolComparison(RuleBasedStateMachine):
         block_size=st.sampled_from([1, 2, 4]),
         hash_width=st.sampled_from([None, None, WIDTH]),
         max_pending_events=st.sampled_from([None, None, 1, 2]),
+        eviction=st.sampled_from(["lru", "priority", "adaptive"]),
+        max_pinned_blocks=st.sampled_from([None, 0, 3]),
     )
     def build(self, num_blocks: int, enable_caching: bool, null_block: bool, block_size: int,
-              hash_width: int | None, max_pending_events: int | None) -> None:
+              hash_width: int | None, max_pending_events: int | None, eviction: str,
+              max_pinned_blocks: int | None) -> None:
         kwargs = dict(
             enable_caching=enable_caching,
             null_block=null_block,
@@ -138,6 +142,9 @@ class PoolComparison(RuleBasedStateMachine):
             block_size=block_size,
             hash_width=hash_width,
             max_pending_events=max_pending_events,
+            eviction=eviction,
+            max_pinned_blocks=None if max_pinned_blocks is None else min(max_pinned_blocks, num_blocks),
+            clock="manual",
         )
         self.subject = self.subject_cls(num_blocks, **kwargs)
         self.oracle = self.oracle_cls(num_blocks, **kwargs)
@@ -146,14 +153,18 @@ class PoolComparison(RuleBasedStateMachine):
     def same_observable_state(self) -> None:
         for pool in (self.subject, self.oracle):
             assert pool.check_invariants() is None
-        for name in ("num_blocks", "block_size", "enable_caching", "enable_events", "null_block", "hash_width"):
+        for name in ("num_blocks", "block_size", "enable_caching", "enable_events", "null_block", "hash_width",
+                     "eviction", "clock", "now", "max_pinned_blocks", "num_evictions"):
             assert getattr(self.subject, name) == getattr(self.oracle, name), name
-        for method in ("free_block_ids", "ref_counts", "get_num_free_blocks", "get_num_cached_blocks", "get_usage"):
+        for method in ("free_block_ids", "ref_counts", "get_num_free_blocks", "get_num_cached_blocks", "get_usage",
+                       "get_num_pinned_blocks", "pinned_block_ids"):
             got, want = getattr(self.subject, method)(), getattr(self.oracle, method)()
             assert normalize(got) == normalize(want), f"{method}: subject {got!r}, reference {want!r}"
         for block_id in range(self.num_blocks):
             got, want = self.subject.block_hash(block_id), self.oracle.block_hash(block_id)
             assert got == want, f"block_hash({block_id}): subject {got!r}, reference {want!r}"
+            got, want = self.subject.block_priority(block_id), self.oracle.block_priority(block_id)
+            assert got == want, f"block_priority({block_id}): subject {got!r}, reference {want!r}"
         for name in ("max_pending_events", "num_pending_events", "num_dropped_events"):
             assert getattr(self.subject, name) == getattr(self.oracle, name), name
         got_events, want_events = self.subject.take_events(), self.oracle.take_events()
@@ -162,9 +173,11 @@ class PoolComparison(RuleBasedStateMachine):
     @invariant()
     def bookkeeping_matches_counts(self) -> None:
         counts = self.oracle.ref_counts().tolist()
+        pinned = set(self.oracle.pinned_block_ids().tolist())
         for block_id in range(self.num_blocks):
             if not self.is_null(block_id):
-                assert counts[block_id] == self.held_count(block_id), f"block {block_id}"
+                held = self.held_count(block_id) + (block_id in pinned)
+                assert counts[block_id] == held, f"block {block_id}"
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -234,7 +247,8 @@ class PoolComparison(RuleBasedStateMachine):
         ids = ids[:position] + [extra] + ids[position:]
         if expect is None:
             counts = self.oracle.ref_counts().tolist()
-            ok = self.is_null(extra) or Counter(ids)[extra] <= counts[extra]
+            pinned = set(self.oracle.pinned_block_ids().tolist())
+            ok = self.is_null(extra) or Counter(ids)[extra] <= counts[extra] - (extra in pinned)
             expect = "ok" if ok else DoubleFreeError
         outcome = self.call("free_blocks", as_form(ids, data.draw(st.sampled_from(ID_FORMS))), expect=expect)
         if outcome.ok:
@@ -323,6 +337,8 @@ class PoolComparison(RuleBasedStateMachine):
             if tokens == "array":
                 token_ids = np.array(token_ids, dtype=np.int64)
         lora = data.draw(st.sampled_from([(None, None), (3, "adapter")]), label="lora")
+        priority = data.draw(st.sampled_from([{}, {}, {"priority": 80}, {"priority": 5, "retention_s": 2.0},
+                                              {"priority": 90, "retention_s": 1}]), label="priority")
         outcome = self.call(
             "cache_full_blocks",
             as_form(request.blocks, data.draw(st.sampled_from(ID_FORMS), label="form")),
@@ -333,6 +349,7 @@ class PoolComparison(RuleBasedStateMachine):
             token_ids=token_ids,
             lora_id=lora[0],
             lora_name=lora[1],
+            **priority,
         )
         if outcome.ok:
             request.hashes = hashes
@@ -456,6 +473,41 @@ class PoolComparison(RuleBasedStateMachine):
         in_use = any(r.blocks for r in self.requests)
         outcome = self.call("reset_prefix_cache", expect="ok")
         assert outcome.value is (not in_use)
+
+    # -- retention priorities, the clock and pins --------------------------------------------
+
+    @rule(data=st.data())
+    def set_priority(self, data: st.DataObject) -> None:
+        ids = data.draw(st.lists(st.integers(0, self.num_blocks - 1), max_size=4), label="ids")
+        if data.draw(st.integers(0, 5), label="bad id?") == 0:
+            ids.append(data.draw(st.sampled_from([-1, self.num_blocks]), label="bad id"))
+        priority = data.draw(st.one_of(st.integers(0, 100), st.sampled_from([-1, 101])), label="priority")
+        retention = data.draw(st.sampled_from([None, None, 1.5, 3, 0, -1.0]), label="retention_s")
+        self.call("set_priority", ids, priority, retention_s=retention)
+
+    @rule(seconds=st.sampled_from([0, 0.5, 1, 2.5, -1.0]))
+    def advance_clock(self, seconds: float) -> None:
+        self.call("advance_clock", seconds)
+
+    @rule(data=st.data())
+    def pin_prefix(self, data: st.DataObject) -> None:
+        known = [r.hashes for r in self.requests if r.hashes]
+        if known and data.draw(st.booleans(), label="known"):
+            hashes = list(data.draw(st.sampled_from(known), label="prefix"))
+        else:
+            hashes = data.draw(st.lists(hashes_st, max_size=4), label="hashes")
+        group = data.draw(st.sampled_from(GROUPS), label="group")
+        outcome = self.call("pin_prefix", hashes, group_id=group)
+        assert outcome.ok or type(outcome.error) is PinBudgetError or not self.oracle.enable_caching, outcome
+
+    @rule(data=st.data())
+    def unpin(self, data: st.DataObject) -> None:
+        if data.draw(st.integers(0, 3), label="all?") == 0:
+            self.call("unpin_all", expect="ok")
+            return
+        known = [r.hashes for r in self.requests if r.hashes] or [[ALPHABET[0]]]
+        hashes = list(data.draw(st.sampled_from(known), label="prefix"))
+        self.call("unpin_prefix", hashes, group_id=data.draw(st.sampled_from(GROUPS), label="group"))
 
     @rule(data=st.data())
     def introspect(self, data: st.DataObject) -> None:

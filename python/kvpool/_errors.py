@@ -36,6 +36,7 @@ if TYPE_CHECKING or HAVE_CORE:
         NoFreeBlocksError,
         DuplicateRequestError,
         OutOfMemoryError,
+        PinBudgetError,
         UnknownRequestError,
     )
 else:
@@ -79,6 +80,9 @@ else:
     class OutOfMemoryError(KVPoolError, MemoryError):
         """Memory for a pool, a manager or a batch could not be allocated; nothing was changed."""
 
+    class PinBudgetError(KVPoolError, ValueError):
+        """Pinning would exceed the pool's budget of pinned blocks (max_pinned_blocks); nothing was pinned."""
+
     for _cls in (
         KVPoolError,
         NoFreeBlocksError,
@@ -93,6 +97,7 @@ else:
         UnknownRequestError,
         DuplicateRequestError,
         OutOfMemoryError,
+        PinBudgetError,
     ):
         _cls.__module__ = "kvpool"
     del _cls
@@ -111,5 +116,6 @@ __all__ = [
     "KVPoolError",
     "NoFreeBlocksError",
     "OutOfMemoryError",
+    "PinBudgetError",
     "UnknownRequestError",
 ]

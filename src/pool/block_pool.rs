@@ -472,10 +472,17 @@ impl BlockPool {
                 });
             }
             let hash = block_hashes.block_hash(num_cached_blocks + i);
-            let key = BlockHashKey::new(hash, call.group);
-            let slot = self.map.insert(key, id);
+            let slot = self.map.insert(BlockHashKey::new(hash, call.group), id);
             self.slab.get_mut(id).key_slot = slot;
-            self.note_cached(id, &key, call.priority);
+        }
+        if self.config.eviction != EvictionPolicy::Lru {
+            // Only once every block is in: a refused call leaves the policy untouched.
+            for (i, &id) in new_blocks.iter().enumerate() {
+                if !self.is_null(id) && call.wanted(i) {
+                    let key = *self.map.key_at(self.slab.get(id).key_slot);
+                    self.note_cached(id, &key, call.priority);
+                }
+            }
         }
         if self.hash_width.is_none() {
             self.hash_width = Some(block_hashes.width());

@@ -6,6 +6,7 @@
 //! same in one pass: each block that reaches 0 goes straight onto the free queue's
 //! stack (room for the whole call is reserved first, filled from the top down) or,
 //! when cached, into `to_tail`, appended once the pass is done. A double free
+//! (a count already 0, or a pinned block's last reference, which is the pin's)
 //! undoes every count the pass changed, so an `Err` leaves the pool as it was.
 
 use super::block_pool::{check_offsets, BlockPool};
@@ -87,6 +88,7 @@ impl BlockPool {
     ) -> Result<(), (usize, u32)> {
         let caching = self.config.enable_caching;
         let skip_null = self.config.null_block;
+        let has_pins = !self.pins.is_empty();
         for (processed, id) in ids.enumerate() {
             if skip_null && id == 0 {
                 continue;
@@ -94,6 +96,8 @@ impl BlockPool {
             let meta = self.slab.get_mut(id);
             match meta.ref_cnt {
                 0 => return Err((processed, id)),
+                // The last reference of a pinned block is the pin's: only unpinning frees it.
+                1 if has_pins && self.pins.contains(&id) => return Err((processed, id)),
                 1 if caching && meta.is_cached() => {
                     meta.ref_cnt = 0;
                     self.to_tail.push(id);

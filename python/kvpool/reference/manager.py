@@ -70,7 +70,8 @@ from kvpool.reference._args import (
     as_segments,
 )
 from kvpool.reference.hashing import DIGEST_LEN, MAX_BLOCK_SIZE, BlockHasher, check_hash_algo
-from kvpool.reference.pool import MAX_NUM_BLOCKS, BlockPool
+from kvpool.reference.eviction import BlockPriority
+from kvpool.reference.pool import MAX_NUM_BLOCKS, BlockPool, _as_priority
 from kvpool.stats import PrefixCacheStats
 
 __all__ = ["KVCacheManager", "StepResult"]
@@ -114,6 +115,7 @@ class _Request:
     num_cached_blocks: int = 0  # blocks[:num_cached_blocks] hold this request's hashes
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    priority: BlockPriority | None = None  # the retention priority of its cached blocks and hits
 
     @property
     def waiting(self) -> bool:
@@ -136,8 +138,13 @@ class KVCacheManager:
         max_model_len: int | None = None,
         stats_window: int | None = None,
         max_pending_events: int | None = None,
+        eviction: str | None = None,
+        max_pinned_blocks: int | None = None,
+        clock: str | None = None,
     ) -> None:
         """Build a manager over a fresh pool of ``num_blocks`` blocks (block 0 is the null block).
+
+        ``eviction``, ``max_pinned_blocks`` and ``clock`` go to the pool (``BlockPool``).
 
         Defaults: caching on, ``sha256_cbor``, seed ``"vllm-none-hash"``, events off, no
         ``max_model_len``, statistics window of 1000 lookups, at most 1,000,000 queued events.
@@ -159,6 +166,9 @@ class KVCacheManager:
             block_size=block_size,
             hash_width=DIGEST_LEN[algo],
             max_pending_events=max_pending_events,
+            eviction=eviction,
+            max_pinned_blocks=max_pinned_blocks,
+            clock=clock,
         )
         self._block_size = block_size
         self._hash_algo = algo
@@ -217,8 +227,14 @@ class KVCacheManager:
         cache_salt: str | None = None,
         mm_features: Sequence[tuple[str, int, int]] | None = None,
         prompt_embed_digests: Sequence[bytes] | None = None,
+        priority: int | None = None,
+        retention_s: float | None = None,
     ) -> None:
         """Track a request with its prompt (at least one token) and hash its full blocks.
+
+        ``priority`` (``0..=100``, for ``retention_s`` seconds from now if given) is the retention
+        priority of the blocks the request caches; its hits are raised to it, never lowered.
+        It needs ``eviction="priority"``.
 
         ``lora`` is ``(name, path)``; ``lora_id`` and the LoRA name go into ``BlockStored``
         events. Raises ``DtypeError`` / ``InvalidArgumentError`` / ``HashWidthError`` for bad
@@ -229,6 +245,12 @@ class KVCacheManager:
         extras = as_request_extras(lora, cache_salt, mm_features, prompt_embed_digests)
         lora_int = as_opt_int_arg(lora_id, "lora_id")
         tokens = self._token_ids(prompt_token_ids, "prompt_token_ids")
+        wanted = _as_priority(priority, retention_s)
+        if wanted is not None and self.pool.eviction != "priority":
+            raise InvalidArgumentError(
+                "a request priority needs a manager built with eviction='priority' "
+                f"(this one evicts by {self.pool.eviction})"
+            )
         if rid in self._requests:
             raise DuplicateRequestError(f"request id {rid!r} is already tracked")
         if not tokens:
@@ -238,7 +260,43 @@ class KVCacheManager:
             extras=extras,
             block_hashes=self._block_hashes(tokens, extras),
             lora_id=lora_int,
+            priority=None if wanted is None else wanted.at(self.pool.now),
         )
+
+    # -- pins and the clock ---------------------------------------------------------------------
+
+    def pin_prompt(self, token_ids: Any) -> int:
+        """Pin the cached full blocks of ``token_ids`` (hashed as a request without extra keys);
+        returns the blocks of its longest cached prefix (``PinBudgetError`` beyond the budget)."""
+        tokens = self._token_ids(token_ids, "token_ids")
+        return self.pool.pin_prefix(self._block_hashes(tokens, as_request_extras(None, None, None, None)))
+
+    def unpin_prompt(self, token_ids: Any) -> int:
+        """Unpin what ``pin_prompt(token_ids)`` pinned; returns the blocks unpinned."""
+        tokens = self._token_ids(token_ids, "token_ids")
+        return self.pool.unpin_prefix(self._block_hashes(tokens, as_request_extras(None, None, None, None)))
+
+    def unpin_all(self) -> int:
+        """Unpin every pinned block; returns how many there were."""
+        return self.pool.unpin_all()
+
+    def get_num_pinned_blocks(self) -> int:
+        """Number of pinned blocks."""
+        return self.pool.get_num_pinned_blocks()
+
+    @property
+    def eviction(self) -> str:
+        """The eviction policy."""
+        return self.pool.eviction
+
+    @property
+    def now(self) -> float:
+        """The pool's clock in seconds."""
+        return self.pool.now
+
+    def advance_clock(self, seconds: float) -> None:
+        """Move a ``clock="manual"`` manager's clock forward by ``seconds`` (>= 0)."""
+        self.pool.advance_clock(seconds)
 
     def append_token_ids(self, request_id: RequestId, token_ids: Any) -> None:
         """Append generated (or newly known) tokens; the blocks they fill get hashed."""
@@ -424,6 +482,8 @@ class KVCacheManager:
             return None
 
         self.pool.touch(hits)
+        if request.priority is not None:
+            self.pool._set_priority(hits, request.priority, only_raise=True)
         new_blocks = [int(b) for b in self.pool.get_new_blocks(to_allocate)]
         if hits:
             request.blocks.extend(hits)
@@ -465,6 +525,8 @@ class KVCacheManager:
             lora_id=request.lora_id,
             lora_name=None if request.extras.lora is None else request.extras.lora[0],
         )
+        if request.priority is not None:
+            self.pool._set_priority(request.blocks[request.num_cached_blocks : num_full], request.priority, only_raise=False)
         request.num_cached_blocks = num_full
 
     def schedule_step(

@@ -26,7 +26,9 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,6 +36,8 @@ import numpy as np
 
 from kvpool._errors import (
     BlockStateError,
+    DtypeError,
+    PinBudgetError,
     CachingDisabledError,
     DoubleFreeError,
     HashWidthError,
@@ -42,6 +46,7 @@ from kvpool._errors import (
     NoFreeBlocksError,
 )
 from kvpool.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
+from kvpool.reference.eviction import DEFAULT_PRIORITY, MAX_PRIORITY, BlockPriority, PolicyQueue, check_policy
 from kvpool.reference.free_queue import FreeQueue
 from kvpool.reference._args import (
     as_bool_arg,
@@ -85,8 +90,16 @@ class BlockPool:
         block_size: int = 16,
         hash_width: int | None = None,
         max_pending_events: int | None = None,
+        eviction: str | None = None,
+        max_pinned_blocks: int | None = None,
+        clock: str | None = None,
     ) -> None:
         """Create a pool of ``num_blocks`` blocks, all free (except the null block, block 0).
+
+        ``eviction`` is ``"lru"`` (default, vLLM's order), ``"priority"`` or ``"adaptive"``
+        (``kvpool.reference.eviction``); at most ``max_pinned_blocks`` blocks (default
+        ``num_blocks // 4``) may be pinned; ``clock`` is ``"monotonic"`` (default) or
+        ``"manual"`` (moved by ``advance_clock``), the clock retention durations run on.
 
         Raises ``DtypeError`` for a non-int / non-bool argument and ``InvalidArgumentError``
         unless ``1 <= num_blocks <= 2**31 - 1``, ``block_size >= 1``, ``hash_width`` is
@@ -104,6 +117,11 @@ class BlockPool:
         max_events = DEFAULT_MAX_PENDING_EVENTS if max_events is None else max_events
         check_range(max_events, "max_pending_events", 1, 2**63 - 1)
         check_range(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
+        policy = check_policy(eviction)
+        manual = _check_clock(clock)
+        pin_budget = as_opt_int_arg(max_pinned_blocks, "max_pinned_blocks")
+        if pin_budget is not None:
+            check_range(pin_budget, "max_pinned_blocks", 0, num_blocks)
         if block_size < 1:
             raise InvalidArgumentError(f"block_size must be >= 1, got {block_size}")
         if hash_width is not None and not 1 <= hash_width <= MAX_HASH_WIDTH:
@@ -124,7 +142,20 @@ class BlockPool:
         self._max_pending_events = max_events
         self._dropped_events = 0
         first = 1 if null_block else 0
-        self._free_queue = FreeQueue(range(first, num_blocks))
+        self._eviction = policy
+        self._manual_clock = manual
+        self._max_pinned = num_blocks // 4 if pin_budget is None else pin_budget
+        self._pins: set[int] = set()
+        self._evictions = 0
+        self._policy: PolicyQueue | None = None
+        self._free_queue: FreeQueue | PolicyQueue
+        if policy == "lru":
+            self._free_queue = FreeQueue(range(first, num_blocks))
+            self._lru_clock = PolicyQueue([], 1, "priority", manual)  # only its clock is used
+        else:
+            self._policy = PolicyQueue(list(range(first, num_blocks)), num_blocks, policy, manual)
+            self._free_queue = self._policy
+            self._lru_clock = self._policy
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -158,12 +189,46 @@ class BlockPool:
         """The width of every block hash, in bytes; ``None`` until fixed by the first caching."""
         return self._hash_width
 
+    @property
+    def eviction(self) -> str:
+        """The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``."""
+        return self._eviction
+
+    @property
+    def clock(self) -> str:
+        """The clock retention durations run on: ``"monotonic"`` or ``"manual"``."""
+        return "manual" if self._manual_clock else "monotonic"
+
+    @property
+    def now(self) -> float:
+        """The pool's clock in seconds."""
+        return self._lru_clock.now()
+
+    @property
+    def max_pinned_blocks(self) -> int:
+        """Most blocks that may be pinned at once."""
+        return self._max_pinned
+
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks evicted to make room for allocations, since the pool was built."""
+        return self._evictions
+
+    def advance_clock(self, seconds: float) -> None:
+        """Move a ``clock="manual"`` pool's clock forward by ``seconds`` (>= 0)."""
+        value = _as_seconds(seconds, "seconds")
+        if not self._manual_clock:
+            raise InvalidArgumentError("advance_clock needs a pool built with clock='manual'")
+        if value < 0:
+            raise InvalidArgumentError(f"advance_clock takes a finite number of seconds >= 0, got {value}")
+        self._lru_clock.advance(value)
+
     def __repr__(self) -> str:
         """A summary: blocks, free and cached counts, caching and null block."""
         return (
             f"reference.BlockPool(num_blocks={self._num_blocks}, free={len(self._free_queue)}, "
             f"cached={self._num_cached}, enable_caching={self._enable_caching}, "
-            f"null_block={self._null_block is not None})"
+            f"null_block={self._null_block is not None}, eviction={self._eviction!r})"
         )
 
     # -- validation helpers that need the pool ------------------------------------------------
@@ -200,7 +265,8 @@ class BlockPool:
                 if self._is_null(block_id):
                     continue
                 pending[block_id] = pending.get(block_id, 0) + 1
-                if pending[block_id] > self._ref_counts[block_id]:
+                # A pinned block's last reference is the pin's: only unpinning frees it.
+                if pending[block_id] > self._ref_counts[block_id] - (block_id in self._pins):
                     raise DoubleFreeError(f"block {block_id} would be freed while its reference count is 0")
 
     # -- mutation helpers (no validation: callers validate first) -----------------------------
@@ -231,8 +297,12 @@ class BlockPool:
         new_ids = []
         for _ in range(n):
             block_id = self._free_queue.popleft()
-            if self._block_keys[block_id] is not None:
+            key = self._block_keys[block_id]
+            if key is not None:
                 self._drop_key(block_id)
+                self._evictions += 1
+                if self._policy is not None:
+                    self._policy.on_evicted(block_id, key)
             self._ref_counts[block_id] = 1
             new_ids.append(block_id)
         return new_ids
@@ -364,6 +434,8 @@ class BlockPool:
             if self._ref_counts[block_id] == 0:
                 self._free_queue.remove(block_id)
             self._ref_counts[block_id] += 1
+            if self._policy is not None:
+                self._policy.on_use(block_id)
 
     # -- prefix cache -------------------------------------------------------------------------
 
@@ -378,8 +450,13 @@ class BlockPool:
         token_ids: Any = None,
         lora_id: int | None = None,
         lora_name: str | None = None,
+        priority: int | None = None,
+        retention_s: float | None = None,
     ) -> None:
         """Enter a request's newly full blocks in the prefix cache.
+
+        ``priority`` (``0..=100``, for ``retention_s`` seconds if given) is the new blocks'
+        retention priority; it needs ``eviction="priority"`` (``InvalidArgumentError``).
 
         Blocks ``block_ids[num_cached_blocks:num_full_blocks]`` (the null block skipped) get the
         key ``(block_hashes[i], group_id)`` and are appended under it in the prefix map; one
@@ -402,6 +479,7 @@ class BlockPool:
         tokens = None if token_ids is None else as_int_list(token_ids, "token_ids")
         lora = as_opt_int_arg(lora_id, "lora_id")
         name = as_opt_str_arg(lora_name, "lora_name")
+        wanted = _as_priority(priority, retention_s)
 
         if not 0 <= num_cached <= num_full:
             raise InvalidArgumentError(
@@ -423,6 +501,10 @@ class BlockPool:
         if tokens is not None and len(tokens) < num_full * self._block_size:
             raise InvalidArgumentError(
                 f"token_ids has {len(tokens)} tokens, {num_full} full blocks need {num_full * self._block_size}"
+            )
+        if wanted is not None and self._eviction != "priority":
+            raise InvalidArgumentError(
+                f"a retention priority needs a pool built with eviction='priority' (this one evicts by {self._eviction})"
             )
         seen: set[int] = set()
         for block_id in ids[num_cached:num_full]:
@@ -450,6 +532,9 @@ class BlockPool:
             self._prefix_map.setdefault(key, {})[block_id] = None
             self._num_cached += 1
             stored.append(hashes[i])
+            if self._policy is not None:
+                at = None if wanted is None else wanted.at(self.now)
+                self._policy.on_cached(block_id, key, at)
         bs = self._block_size
         self._emit(
             BlockStored(
@@ -521,6 +606,12 @@ class BlockPool:
                 continue
             if self._block_keys[block_id] is not None:
                 self._drop_key(block_id)
+        unpinned = []
+        for block_id in ids:
+            if block_id in self._pins:
+                self._pins.discard(block_id)
+                unpinned.append(block_id)
+        self._free_segment(unpinned)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached hash, if no block is in use; return whether it did.
@@ -535,6 +626,8 @@ class BlockPool:
         self._block_keys = [None] * self._num_blocks
         self._prefix_map.clear()
         self._num_cached = 0
+        if self._policy is not None:
+            self._policy.on_reset()
         self._emit(AllBlocksCleared())
         return True
 
@@ -582,7 +675,97 @@ class BlockPool:
 
     def free_block_ids(self) -> np.ndarray:
         """The free queue's block ids from head (next allocated) to tail (int32)."""
+        if self._policy is not None:
+            self._policy.apply_expiries()
         return np.array(list(self._free_queue), dtype=np.int32)
+
+    # -- retention priorities and pins ---------------------------------------------------------
+
+    def set_priority(self, block_ids: Any, priority: int, *, retention_s: float | None = None) -> None:
+        """Give blocks (in use or free) a retention priority ``0..=100``, for ``retention_s``
+        seconds if given, after which it reverts to the default (35). A free cached block moves to
+        the tail of its new priority. Needs ``eviction="priority"``."""
+        ids = as_int_list(block_ids, "block_ids")
+        self._check_ids_in_range(ids)
+        if priority is None:
+            raise InvalidArgumentError("priority must be an int in 0..=100, got None")
+        wanted = _as_priority(priority, retention_s)
+        assert wanted is not None
+        self._set_priority(ids, wanted.at(self.now), only_raise=False)
+
+    def _set_priority(self, ids: Sequence[int], p: BlockPriority, *, only_raise: bool) -> None:
+        if self._eviction != "priority" or self._policy is None:
+            raise InvalidArgumentError(
+                f"retention priorities need a pool built with eviction='priority' (this one evicts by {self._eviction})"
+            )
+        now = self.now
+        for block_id in ids:
+            if self._is_null(block_id):
+                continue
+            current = self._policy.priorities.get(block_id, BlockPriority())
+            if only_raise and p.effective(now) <= current.effective(now):
+                continue
+            self._policy.priorities[block_id] = p
+            if self._policy.in_lists(block_id):
+                self._policy.requeue(block_id)
+
+    def block_priority(self, block_id: int) -> tuple[int, float | None]:
+        """The block's retention ``(priority, expires_at)`` in force now (``(35, None)`` by default)."""
+        block_id = self._as_block_id(block_id)
+        if self._policy is None or self._eviction != "priority":
+            return (DEFAULT_PRIORITY, None)
+        p = self._policy.priorities.get(block_id, BlockPriority())
+        if p.effective(self.now) != p.priority:
+            return (DEFAULT_PRIORITY, None)
+        return (p.priority, p.expires_at)
+
+    def pin_prefix(self, block_hashes: Any, *, group_id: int = 0) -> int:
+        """Pin the blocks of the longest cached prefix of ``block_hashes``: each holds one more
+        reference until unpinned, so no policy evicts it. Returns that prefix's length. Raises
+        ``PinBudgetError`` (nothing pinned) beyond ``max_pinned_blocks``."""
+        chain = [int(b) for b in self.find_longest_cache_hit(block_hashes, group_id=group_id)]
+        new: list[int] = []
+        for block_id in chain:
+            if block_id not in self._pins and block_id not in new:
+                new.append(block_id)
+        if len(self._pins) + len(new) > self._max_pinned:
+            raise PinBudgetError(
+                f"pinning {len(new)} more blocks would exceed the pin budget: "
+                f"{len(self._pins)} of {self._max_pinned} are pinned (max_pinned_blocks)"
+            )
+        for block_id in new:
+            if self._ref_counts[block_id] == 0:
+                self._free_queue.remove(block_id)
+            self._ref_counts[block_id] += 1
+            self._pins.add(block_id)
+        return len(chain)
+
+    def unpin_prefix(self, block_hashes: Any, *, group_id: int = 0) -> int:
+        """Unpin the pinned blocks of the longest cached prefix of ``block_hashes`` (their pin's
+        reference is freed, tail first); returns how many were unpinned."""
+        chain = [int(b) for b in self.find_longest_cache_hit(block_hashes, group_id=group_id)]
+        unpinned = []
+        for block_id in chain:
+            if block_id in self._pins:
+                self._pins.discard(block_id)
+                unpinned.append(block_id)
+        self._free_segment(unpinned[::-1])
+        return len(unpinned)
+
+    def unpin_all(self) -> int:
+        """Unpin every pinned block; returns how many there were."""
+        ids = sorted(self._pins)
+        self._pins.clear()
+        self._free_segment(ids[::-1])
+        return len(ids)
+
+    def get_num_pinned_blocks(self) -> int:
+        """Number of pinned blocks."""
+        return len(self._pins)
+
+    def pinned_block_ids(self) -> np.ndarray:
+        """The pinned blocks' ids, ascending (int32)."""
+        return np.array(sorted(self._pins), dtype=np.int32)
 
     def ref_count(self, block_id: int) -> int:
         """The reference count of one block (``InvalidBlockIdError`` if out of range)."""
@@ -637,5 +820,61 @@ class BlockPool:
             problems.append(
                 f"cached counter {self._num_cached}, blocks holding a key {holding}, map entries {mapped}"
             )
+        if len(self._pins) > self._max_pinned:
+            problems.append(f"pins: {len(self._pins)} pinned blocks, over the budget of {self._max_pinned}")
+        for block_id in self._pins:
+            if self._ref_counts[block_id] == 0 or self._is_null(block_id):
+                problems.append(f"pins: block {block_id} is pinned but holds no reference")
         if problems:
             raise InvariantError("; ".join(problems))
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments of the eviction policies.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _PriorityArg:
+    """A checked ``priority=`` / ``retention_s=`` pair, turned into a :class:`BlockPriority` at a time."""
+
+    priority: int
+    duration_s: float | None
+
+    def at(self, now: float) -> BlockPriority:
+        return BlockPriority(self.priority, None if self.duration_s is None else now + self.duration_s)
+
+
+def _as_seconds(value: Any, name: str) -> float:
+    """A finite number of seconds (int or float, not bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DtypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise InvalidArgumentError(f"{name} must be finite, got {seconds}")
+    return seconds
+
+
+def _as_priority(priority: Any, retention_s: Any) -> _PriorityArg | None:
+    """``priority=`` and ``retention_s=``: ``None`` for neither; a duration needs a priority."""
+    p = as_opt_int_arg(priority, "priority")
+    d = None if retention_s is None else _as_seconds(retention_s, "retention_s")
+    if p is None:
+        if d is not None:
+            raise InvalidArgumentError("retention_s needs a priority (the priority it keeps for that long)")
+        return None
+    check_range(p, "priority", 0, MAX_PRIORITY)
+    if d is not None and d <= 0:
+        raise InvalidArgumentError(f"retention_s must be > 0 seconds, got {d}")
+    return _PriorityArg(p, d)
+
+
+def _check_clock(clock: Any) -> bool:
+    """``clock=``: ``"monotonic"`` (default) or ``"manual"``; true for manual."""
+    if clock is None or clock == "monotonic":
+        return False
+    if clock == "manual":
+        return True
+    if not isinstance(clock, str):
+        raise DtypeError(f"clock must be a str, got {type(clock).__name__}")
+    raise InvalidArgumentError(f"clock must be 'monotonic' or 'manual', got {clock!r}")
