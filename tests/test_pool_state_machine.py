@@ -470,7 +470,7 @@ class PoolComparison(RuleBasedStateMachine):
     def reset_prefix_cache(self, data: st.DataObject) -> None:
         if data.draw(st.integers(0, 7), label="rarely") != 0:
             return  # a successful reset wipes the cache: keep it rare
-        in_use = any(r.blocks for r in self.requests)
+        in_use = any(r.blocks for r in self.requests) or self.oracle.get_num_pinned_blocks() > 0
         outcome = self.call("reset_prefix_cache", expect="ok")
         assert outcome.value is (not in_use)
 

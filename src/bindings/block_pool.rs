@@ -403,8 +403,9 @@ impl PyBlockPool {
         .py_err(py)
     }
 
-    /// Block ``block_id``'s retention ``(priority, expires_at)`` (``expires_at`` on the
-    /// pool's clock, None: never); the default ``(35, None)`` under other policies.
+    /// Block ``block_id``'s retention ``(priority, expires_at)`` in force now
+    /// (``expires_at`` on the pool's clock, None: never); ``(35, None)`` once a
+    /// duration ran out, and under other policies.
     fn block_priority(
         &self,
         py: Python<'_>,
@@ -413,7 +414,11 @@ impl PyBlockPool {
         let id = self.one_id(block_id)?;
         Ok(self.with_pool(py, |pool| {
             let p = pool.eviction().priority_of(id);
-            (p.priority, p.expires_at)
+            if p.effective(pool.now()) == p.priority {
+                (p.priority, p.expires_at)
+            } else {
+                (pool::DEFAULT_PRIORITY, None)
+            }
         }))
     }
 
