@@ -69,6 +69,9 @@ def observe(m: Any) -> dict[str, Any]:
         "stats": m.prefix_cache_stats,
         "hit_rate": m.prefix_cache_stats.hit_rate,
         "recent": m.recent_prefix_cache_stats,
+        "pinned": m.get_num_pinned_blocks(),
+        "now": m.now,
+        "eviction": m.eviction,
         "pending": m.num_pending_events,
         "dropped": m.num_dropped_events,
         "events": m.take_events(),
@@ -118,6 +121,7 @@ class ManagerComparison(RuleBasedStateMachine):
         max_model_len=st.one_of(st.none(), st.integers(1, 48)),
         stats_window=st.one_of(st.none(), st.integers(0, 3)),
         max_pending_events=st.sampled_from([None, None, 1, 3]),
+        eviction=st.sampled_from(["lru", "priority", "adaptive"]),
         data=st.data(),
     )
     def build(
@@ -129,9 +133,13 @@ class ManagerComparison(RuleBasedStateMachine):
         max_model_len: int | None,
         stats_window: int | None,
         max_pending_events: int | None,
+        eviction: str,
         data: st.DataObject,
     ) -> None:
         kwargs = {
+            "eviction": eviction,
+            "clock": "manual",
+            "max_pinned_blocks": data.draw(st.sampled_from([None, 0, 2]), label="pin budget"),
             "enable_caching": caching,
             "hash_algo": hash_algo,
             "enable_events": True,
@@ -168,7 +176,23 @@ class ManagerComparison(RuleBasedStateMachine):
             kwargs["lora_id"] = data.draw(st.sampled_from([None, 3]), label="lora id")
         elif extra == 2:
             kwargs["mm_features"] = [("img", data.draw(st.integers(0, 6), label="mm offset"), 3)]
+        elif extra in (3, 4):
+            kwargs["priority"] = data.draw(st.sampled_from([0, 10, 90, 100, 101]), label="priority")
+            kwargs["retention_s"] = data.draw(st.sampled_from([None, 1.0, 2]), label="retention_s")
         self.call("add_request", rid, as_form(prompt, form), **kwargs)
+
+    @rule(data=st.data())
+    def pin_prompt(self, data: st.DataObject) -> None:
+        prompt = self.draw_prompt(data)
+        action = data.draw(st.sampled_from(["pin", "pin", "unpin", "unpin_all"]), label="action")
+        if action == "unpin_all":
+            self.call("unpin_all")
+        else:
+            self.call(f"{action}_prompt", prompt)
+
+    @rule(seconds=st.sampled_from([0, 0.5, 1.5, -1.0]))
+    def advance_clock(self, seconds: float) -> None:
+        self.call("advance_clock", seconds)
 
     @rule(data=st.data())
     def schedule(self, data: st.DataObject) -> None:
