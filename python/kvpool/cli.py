@@ -27,6 +27,9 @@ from kvpool.events_cli import add_events
 from kvpool.bench import DEFAULT_REPS, WORKLOADS, format_table, resolve_names, run_bench
 from kvpool.simulate_fleet import ROUTERS, fleet_table, simulate_fleet
 from kvpool.simulate_layers import PRESETS, layers_table, parse_layout, simulate_layers
+from kvpool.reference.eviction import EVICTION_POLICIES
+from kvpool.simulate_belady import simulate_belady
+from kvpool.simulate_policies import policies_table, save_policies_plot
 from kvpool.simulate import (
     IMPL_NAMES,
     PlotUnavailableError,
@@ -198,6 +201,10 @@ def _add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     sim.add_argument("--retention-interval", type=int, default=None, metavar="TOKENS",
                      help="with --model-layers: vLLM's prefix_cache_retention_interval for sliding windows "
                      "(default: a tail at every block)")
+    sim.add_argument("--policy", nargs="+", choices=EVICTION_POLICIES, default=None, metavar="NAME",
+                     help="eviction policies to compare side by side (" + ", ".join(EVICTION_POLICIES)
+                     + "; default lru alone); Belady's MIN, the offline bound, is added as the reference "
+                     "line at every bounded capacity")
     sim.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     sim.set_defaults(func=cmd_simulate)
 
@@ -245,6 +252,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return _simulate_layers(args)
     if args.instances or args.router:
         return _simulate_fleet(args)
+    if args.policy:
+        return _simulate_policies(args)
     if args.plot:
         load_pyplot()  # fail before the replay, not after it, if matplotlib is missing
     trace = load_trace(args.trace)
@@ -269,6 +278,35 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(_simulate_table(trace, results, args.block_tokens))
     if args.plot:
         _write_plot(results, args.plot)
+    return 0
+
+
+def _simulate_policies(args: argparse.Namespace) -> int:
+    """``kvpool simulate --policy ...``: each policy and Belady's MIN at each capacity."""
+    if args.plot:
+        load_pyplot()
+    trace = load_trace(args.trace)
+    capacities = _capacities(args, trace)
+    policies = list(dict.fromkeys(args.policy))
+    impl = get_impl(args.impl)
+    results: list[ReplayResult] = []
+    for policy in policies:
+        bounded = [c for c in capacities if c is not None]
+        results += simulate(trace, bounded, block_tokens=args.block_tokens, impl=impl, policy=policy)
+    results += [simulate_belady(trace, c, block_tokens=args.block_tokens) for c in capacities if c is not None]
+    if None in capacities:
+        results += simulate(trace, [None], block_tokens=args.block_tokens, impl=impl)
+    if args.json:
+        for result in results:
+            print(json.dumps(result.to_dict()))
+    else:
+        print(policies_table(trace, results, [*policies, "belady"]))
+    if args.plot:
+        try:
+            save_policies_plot(results, args.plot)
+        except OSError as exc:
+            raise CliError(f"cannot write the plot to {args.plot}: {exc.strerror or exc}") from None
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
 

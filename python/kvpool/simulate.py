@@ -7,7 +7,9 @@ Semantics (what ``kvpool simulate`` and the ``trace-replay`` benchmark do):
   (``find_longest_cache_hit``, uncapped); it takes those blocks (``touch``), allocates the
   rest, caches them under their ids, and then releases all its blocks tail-first (reverse
   order), so they stay cached, most recently used last.
-* When the pool is full, allocating evicts the least recently used free block.
+* When the pool is full, allocating evicts a cached free block chosen by the pool's eviction
+  policy (``policy``, default ``"lru"``: the least recently used one; see ``docs/eviction.md``).
+  :mod:`kvpool.simulate_belady` replays the same semantics under Belady's MIN, the offline bound.
 * A pool of capacity ``C`` has ``C`` usable blocks (``BlockPool(C + 1)``: block 0 is the null
   block). A request with more than ``C`` blocks keeps only its first ``C``; the rest count as
   misses.
@@ -214,6 +216,7 @@ class ReplayResult:
     token_hit_ratio: float
     evictions: int
     seconds: float
+    policy: str = "lru"  # the pool's eviction policy, or "belady" (kvpool.simulate_belady)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (ratios and seconds rounded to 6 digits)."""
@@ -248,11 +251,13 @@ def simulate_one(
     impl: Impl | None = None,
     hashes: Sequence[HashInput] | None = None,
     progress: ProgressFn | None = None,
+    policy: str = "lru",
 ) -> ReplayResult:
     """Replay ``trace`` in a fresh pool of ``capacity`` usable blocks (``None``: unbounded).
 
     ``impl`` defaults to the Rust pool; ``hashes`` (from :func:`prepare_hashes` with the same
-    ``impl``) can be passed to convert a trace once for several capacities.
+    ``impl``) can be passed to convert a trace once for several capacities. ``policy`` is the
+    pool's eviction policy (``"lru"``, ``"priority"``, ``"adaptive"``).
     """
     if capacity is not None and capacity < 1:
         raise ValueError(f"capacity must be >= 1 block, got {capacity}")
@@ -261,7 +266,10 @@ def simulate_one(
     impl = impl or get_impl("kvpool")
     usable = unbounded_capacity(trace) if capacity is None else capacity
     requests = truncate(prepare_hashes(trace, impl) if hashes is None else hashes, usable)
-    pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens)
+    if policy == "lru":  # the call as it always was: builds without the eviction argument work too
+        pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens)
+    else:
+        pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens, eviction=policy)
     hits, seconds = _timed_replay(pool, requests, progress)
     hit_blocks = sum(hits)
     newly_cached = sum(len(h) for h in requests) - hit_blocks
@@ -276,6 +284,7 @@ def simulate_one(
         token_hit_ratio=_token_hits(trace, hits, block_tokens) / input_tokens if input_tokens else 0.0,
         evictions=newly_cached - pool.get_num_cached_blocks(),
         seconds=seconds,
+        policy=policy,
     )
 
 
@@ -286,8 +295,9 @@ def simulate(
     block_tokens: int = MOONCAKE_BLOCK_TOKENS,
     impl: Impl | None = None,
     progress: Callable[[int | None], ProgressFn | None] | None = None,
+    policy: str = "lru",
 ) -> list[ReplayResult]:
-    """:func:`simulate_one` for each capacity in order (``None``: unbounded).
+    """:func:`simulate_one` for each capacity in order (``None``: unbounded), under ``policy``.
 
     ``progress(capacity)``, if given, returns the progress callback for that capacity's run.
     """
@@ -301,6 +311,7 @@ def simulate(
             impl=impl,
             hashes=hashes,
             progress=None if progress is None else progress(capacity),
+            policy=policy,
         )
         for capacity in capacities
     ]

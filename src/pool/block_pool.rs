@@ -156,6 +156,8 @@ pub struct BlockPool {
     pub(super) pins: hashbrown::HashSet<u32>,
     /// Cached blocks evicted to make room, since the pool was built.
     evictions: u64,
+    /// `(block, ghost fingerprint)` pairs of one call, for the adaptive policy.
+    ghost_scratch: Vec<(u32, u64)>,
 }
 
 impl BlockPool {
@@ -212,6 +214,7 @@ impl BlockPool {
             to_tail: Vec::new(),
             pins: hashbrown::HashSet::new(),
             evictions: 0,
+            ghost_scratch: Vec::new(),
         })
     }
 
@@ -249,7 +252,7 @@ impl BlockPool {
     /// The fingerprint the adaptive policy's ghost table knows a key by.
     #[inline]
     fn fingerprint(key: &BlockHashKey) -> u64 {
-        KeyHasher::process().hash(key)
+        super::eviction::ghost_fingerprint(key)
     }
 
     /// The configuration the pool was built with.
@@ -317,16 +320,21 @@ impl BlockPool {
         }
         let from_list = self.queue.take_front_n(&mut self.slab, n, out);
         // Only blocks from the queue's lists can still hold a hash.
+        let adaptive = self.config.eviction == EvictionPolicy::Adaptive;
+        let mut ghosts = std::mem::take(&mut self.ghost_scratch);
+        ghosts.clear();
         for &id in &out[from_list..] {
             if let Some(key) = self.drop_key(id) {
                 self.evictions += 1;
-                if self.config.eviction == EvictionPolicy::Adaptive {
-                    self.queue
-                        .eviction_mut()
-                        .on_evicted(id, Self::fingerprint(&key));
+                if adaptive {
+                    ghosts.push((id, Self::fingerprint(&key)));
                 }
             }
         }
+        if adaptive {
+            self.queue.eviction_mut().on_evicted_many(&ghosts);
+        }
+        self.ghost_scratch = ghosts;
         Ok(())
     }
 
@@ -475,13 +483,28 @@ impl BlockPool {
             let slot = self.map.insert(BlockHashKey::new(hash, call.group), id);
             self.slab.get_mut(id).key_slot = slot;
         }
-        if self.config.eviction != EvictionPolicy::Lru {
-            // Only once every block is in: a refused call leaves the policy untouched.
-            for (i, &id) in new_blocks.iter().enumerate() {
-                if !self.is_null(id) && call.wanted(i) {
-                    let key = *self.map.key_at(self.slab.get(id).key_slot);
-                    self.note_cached(id, &key, call.priority);
+        // Only once every block is in: a refused call leaves the policy untouched.
+        match self.config.eviction {
+            EvictionPolicy::Lru => {}
+            EvictionPolicy::Priority => {
+                let priority = call.priority.unwrap_or(BlockPriority::DEFAULT);
+                for (i, &id) in new_blocks.iter().enumerate() {
+                    if !self.is_null(id) && call.wanted(i) {
+                        self.queue.eviction_mut().set_priority(id, priority);
+                    }
                 }
+            }
+            EvictionPolicy::Adaptive => {
+                let mut cached = std::mem::take(&mut self.ghost_scratch);
+                cached.clear();
+                for (i, &id) in new_blocks.iter().enumerate() {
+                    if !self.is_null(id) && call.wanted(i) {
+                        let key = self.map.key_at(self.slab.get(id).key_slot);
+                        cached.push((id, Self::fingerprint(key)));
+                    }
+                }
+                self.queue.eviction_mut().on_cached_many(&cached);
+                self.ghost_scratch = cached;
             }
         }
         if self.hash_width.is_none() {
@@ -638,7 +661,10 @@ impl BlockPool {
         }
         let slot = self.map.insert(key, id);
         self.slab.get_mut(id).key_slot = slot;
-        self.note_cached(id, &key, None);
+        if meta.ref_cnt > 0 {
+            // A free block keeps its policy state: its list depends on it.
+            self.note_cached(id, &key, None);
+        }
         if self.hash_width.is_none() {
             self.hash_width = Some(key.hash.as_bytes().len());
         }

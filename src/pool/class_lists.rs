@@ -42,10 +42,12 @@ pub struct ClassLists {
 }
 
 impl ClassLists {
-    /// `classes` empty lists (1..=[`MAX_CLASSES`]) for a slab of `num_blocks`.
-    pub fn new(classes: usize, num_blocks: u32) -> Self {
+    /// `classes` empty lists (1..=[`MAX_CLASSES`]) for a slab of `num_blocks`. With
+    /// `track`, the lists record each queued block's class; without, the caller
+    /// knows it (it passes the class to [`unlink_class`](Self::unlink_class)).
+    pub fn new(classes: usize, num_blocks: u32, track: bool) -> Self {
         assert!((1..=MAX_CLASSES).contains(&classes));
-        let class_of = if classes > 1 {
+        let class_of = if classes > 1 && track {
             vec![0; num_blocks as usize]
         } else {
             Vec::new()
@@ -80,7 +82,12 @@ impl ClassLists {
         self.ends[class]
     }
 
-    /// The class of queued block `id`.
+    /// Whether the lists record each block's class.
+    pub fn tracks_classes(&self) -> bool {
+        !self.class_of.is_empty() || self.ends.len() == 1
+    }
+
+    /// The class of queued block `id` (with one class, or when tracked).
     #[inline]
     pub fn class_of(&self, id: u32) -> usize {
         if self.class_of.is_empty() {
@@ -132,7 +139,12 @@ impl ClassLists {
     /// Unlinks queued block `id` from its list (its own links are left to the caller).
     #[inline]
     pub fn unlink(&mut self, slab: &mut Slab, id: u32) {
-        let class = self.class_of(id);
+        self.unlink_class(slab, id, self.class_of(id));
+    }
+
+    /// Unlinks queued block `id` from list `class`, which holds it.
+    #[inline]
+    pub fn unlink_class(&mut self, slab: &mut Slab, id: u32, class: usize) {
         let meta = *slab.get(id);
         let ends = &mut self.ends[class];
         if meta.prev == NIL {
@@ -157,7 +169,7 @@ impl ClassLists {
     pub fn pop_front(&mut self, slab: &mut Slab, class: usize) -> u32 {
         let id = self.ends[class].head;
         debug_assert!(id != NIL);
-        self.unlink(slab, id);
+        self.unlink_class(slab, id, class);
         let meta = slab.get_mut(id);
         meta.prev = NIL;
         meta.next = NIL;
@@ -232,7 +244,7 @@ mod tests {
     #[test]
     fn classes_keep_lru_order_and_the_mask() {
         let mut slab = Slab::new(8).unwrap();
-        let mut lists = ClassLists::new(3, 8);
+        let mut lists = ClassLists::new(3, 8, true);
         for (id, class) in [(1, 2), (2, 0), (3, 2), (4, 0)] {
             lists.push_back(&mut slab, class, id);
         }

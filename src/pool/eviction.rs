@@ -25,13 +25,12 @@
 //!   `docs/eviction.md`.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 use std::time::Instant;
-
-use hashbrown::HashMap;
 
 use super::class_lists::ClassLists;
 use super::error::{PoolError, PoolResult};
+use super::hash_key::BlockHashKey;
 
 /// The retention priority blocks get unless told otherwise (TensorRT-LLM's default).
 pub const DEFAULT_PRIORITY: u8 = 35;
@@ -53,7 +52,7 @@ pub fn band_bonuses(num_blocks: u32) -> [u64; ADAPTIVE_BANDS] {
     BAND_LOG2_MILLI.map(|l| u64::from(num_blocks) * l * BONUS_NUM / (BONUS_DEN * 1000))
 }
 
-/// Ghost entries the adaptive policy keeps per block of the pool.
+/// Ghost-table slots the adaptive policy keeps per block of the pool.
 pub const GHOSTS_PER_BLOCK: usize = 2;
 
 /// Which cached free block is evicted first.
@@ -170,57 +169,175 @@ impl Clock {
     }
 }
 
-/// A FIFO-bounded table of recently evicted keys (by fingerprint) and their uses.
+/// `x` mixed by splitmix64's finaliser.
+#[inline]
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The fingerprint the ghost table knows a key by: splitmix64 folded over the key's
+/// width and group, then its four hash words. Deterministic, so that the plain-Python
+/// reference computes the same; a collision only blurs a use count, never a cost.
+#[inline]
+pub fn ghost_fingerprint(key: &BlockHashKey) -> u64 {
+    let mut h = ((key.hash.width() as u64) << 32) | u64::from(key.group);
+    for w in key.hash.words() {
+        h = splitmix64(h ^ w);
+    }
+    h
+}
+
+/// Ways per set of the ghost table (8 ways of 8 bytes: one cache line).
+pub const GHOST_WAYS: usize = 8;
+
+/// Recently evicted keys and their use counts, in an 8-way set-associative table.
+///
+/// A key's record lives in set `fingerprint & (sets - 1)`, as one `u64`: the
+/// eviction count when it was written (bits 32..64), 24 bits of the fingerprint
+/// (8..32) and the uses (0..8; 0 is an empty way). A record counts only while fewer
+/// than `window` evictions (the pool's size) have happened since: forgetting goes by
+/// age, as a FIFO's would, so the blocks of one chain, evicted together, are
+/// forgotten together. A set full of live records replaces its oldest. O(1) per
+/// operation (one cache line, no division), no allocation after construction.
 #[derive(Clone, Debug, Default)]
 pub struct Ghosts {
-    uses: HashMap<u64, (u8, u64)>,
-    order: VecDeque<(u64, u64)>,
-    stamp: u64,
-    capacity: usize,
+    ways: Vec<u64>,
+    /// `sets - 1`; `sets` is a power of two.
+    set_mask: u64,
+    /// Evictions recorded so far (wrapping).
+    stamp: u32,
+    /// Records older than this many evictions are forgotten.
+    window: u32,
 }
 
 impl Ghosts {
-    fn new(capacity: usize) -> Self {
-        Self {
-            capacity,
-            ..Self::default()
-        }
+    /// A table of at least `ways` ways (rounded up to a power-of-two number of
+    /// sets), forgetting after `window` evictions.
+    fn new(ways: usize, window: u32) -> PoolResult<Self> {
+        let sets = ways.div_ceil(GHOST_WAYS).max(1).next_power_of_two();
+        let n = sets * GHOST_WAYS;
+        let mut table = Vec::new();
+        table
+            .try_reserve_exact(n)
+            .map_err(|_| PoolError::OutOfMemory {
+                what: "the adaptive policy's ghost table",
+                bytes: n.saturating_mul(8),
+            })?;
+        table.resize(n, 0);
+        Ok(Self {
+            ways: table,
+            set_mask: sets as u64 - 1,
+            stamp: 0,
+            window,
+        })
     }
 
-    /// Remembers that the key `fingerprint` left the cache with `uses` uses; the
-    /// oldest records beyond the capacity are forgotten.
+    #[inline]
+    fn set_start(&self, fingerprint: u64) -> usize {
+        (fingerprint & self.set_mask) as usize * GHOST_WAYS
+    }
+
+    #[inline]
+    fn tag(fingerprint: u64) -> u64 {
+        (fingerprint >> 40) << 8
+    }
+
+    /// Evictions since `way` was written.
+    #[inline]
+    fn age(&self, way: u64) -> u32 {
+        self.stamp.wrapping_sub((way >> 32) as u32)
+    }
+
+    /// Remembers that the key of `fingerprint` left the cache with `uses` uses.
+    #[inline]
     fn record(&mut self, fingerprint: u64, uses: u8) {
-        self.stamp += 1;
-        self.uses.insert(fingerprint, (uses, self.stamp));
-        self.order.push_back((fingerprint, self.stamp));
-        while self.order.len() > self.capacity {
-            let Some((old, stamp)) = self.order.pop_front() else {
-                break;
+        if self.ways.is_empty() || uses == 0 {
+            return;
+        }
+        self.stamp = self.stamp.wrapping_add(1);
+        let start = self.set_start(fingerprint);
+        let set = &self.ways[start..start + GHOST_WAYS];
+        // The first empty or forgotten way, else the oldest record (the first on a
+        // tie), chosen without branches: the highest score wins.
+        let mut best = 0u64;
+        for (i, &way) in set.iter().enumerate() {
+            let age = u64::from(self.age(way));
+            let free = way & 0xFF == 0 || age > u64::from(self.window);
+            let rank = (GHOST_WAYS - 1 - i) as u64;
+            let score = if free {
+                (1 << 40) | rank
+            } else {
+                (age << 3) | rank
             };
-            if self.uses.get(&old).is_some_and(|&(_, s)| s == stamp) {
-                self.uses.remove(&old);
-            }
+            best = best.max(score);
+        }
+        let victim = start + GHOST_WAYS - 1 - (best & 7) as usize;
+        self.ways[victim] =
+            (u64::from(self.stamp) << 32) | Self::tag(fingerprint) | u64::from(uses);
+    }
+
+    /// The uses recorded for `fingerprint` (0 if none or forgotten), cleared as they
+    /// are read.
+    #[inline]
+    fn take(&mut self, fingerprint: u64) -> u8 {
+        if self.ways.is_empty() {
+            return 0;
+        }
+        let start = self.set_start(fingerprint);
+        let tag = Self::tag(fingerprint);
+        // The first way holding the tag, found without branches.
+        let mut hit = GHOST_WAYS;
+        for i in (0..GHOST_WAYS).rev() {
+            let way = self.ways[start + i];
+            let matches = (way & 0xFF != 0) & (way & 0xFFFF_FF00 == tag);
+            hit = if matches { i } else { hit };
+        }
+        if hit == GHOST_WAYS {
+            return 0;
+        }
+        let way = std::mem::take(&mut self.ways[start + hit]);
+        if self.age(way) > self.window {
+            0
+        } else {
+            (way & 0xFF) as u8
         }
     }
 
-    /// The uses recorded for `fingerprint`, forgotten as they are read.
-    fn take(&mut self, fingerprint: u64) -> u8 {
-        self.uses.remove(&fingerprint).map_or(0, |(u, _)| u)
+    /// Reads the first way of each fingerprint's set, so that a batch's cache misses
+    /// are all in flight at once before [`record`](Self::record) or
+    /// [`take`](Self::take) needs the lines (a safe stand-in for a prefetch).
+    #[inline]
+    fn warm(&self, fingerprints: impl Iterator<Item = u64>) {
+        if self.ways.is_empty() {
+            return;
+        }
+        let mut acc = 0u64;
+        for fingerprint in fingerprints {
+            acc ^= self.ways[self.set_start(fingerprint)];
+        }
+        std::hint::black_box(acc);
     }
 
-    /// Records currently remembered.
+    /// Ways holding a record (live or forgotten).
     pub fn len(&self) -> usize {
-        self.uses.len()
+        self.ways.iter().filter(|&&w| w & 0xFF != 0).count()
     }
 
-    /// True when nothing is remembered.
+    /// True when no way holds a record.
     pub fn is_empty(&self) -> bool {
-        self.uses.is_empty()
+        self.len() == 0
+    }
+
+    /// Ways in the table.
+    pub fn capacity(&self) -> usize {
+        self.ways.len()
     }
 
     fn clear(&mut self) {
-        self.uses.clear();
-        self.order.clear();
+        self.ways.fill(0);
     }
 }
 
@@ -258,10 +375,9 @@ pub struct Eviction {
     /// Priority: the `seq` of each block's live expiry entry (stale entries differ).
     expiry_seq: Vec<u64>,
     next_seq: u64,
-    /// Adaptive: each block's use count.
-    uses: Vec<u8>,
-    /// Adaptive: each queued block's credit.
-    credit: Vec<u64>,
+    /// Adaptive: each block's use count (low 8 bits) and, while it is queued, its
+    /// credit (the high 56): one word, so a block's policy state is one memory access.
+    adaptive: Vec<u64>,
     /// Adaptive: cached blocks freed so far (the policy's clock).
     tick: u64,
     /// Adaptive: each band's credit bonus.
@@ -284,11 +400,10 @@ impl Eviction {
             expiries: BinaryHeap::new(),
             expiry_seq: Vec::new(),
             next_seq: 0,
-            uses: Vec::new(),
-            credit: Vec::new(),
+            adaptive: Vec::new(),
             tick: 0,
             bonus: band_bonuses(num_blocks),
-            ghosts: Ghosts::new(0),
+            ghosts: Ghosts::default(),
         };
         match policy {
             EvictionPolicy::Lru => {}
@@ -305,11 +420,9 @@ impl Eviction {
                 state.expiry_seq.resize(n, u64::MAX);
             }
             EvictionPolicy::Adaptive => {
-                state.uses.try_reserve_exact(n).map_err(|_| side(9))?;
-                state.uses.resize(n, 0);
-                state.credit.try_reserve_exact(n).map_err(|_| side(9))?;
-                state.credit.resize(n, 0);
-                state.ghosts = Ghosts::new(n.saturating_mul(GHOSTS_PER_BLOCK));
+                state.adaptive.try_reserve_exact(n).map_err(|_| side(8))?;
+                state.adaptive.resize(n, 0);
+                state.ghosts = Ghosts::new(n.saturating_mul(GHOSTS_PER_BLOCK), num_blocks)?;
             }
         }
         Ok(state)
@@ -364,12 +477,19 @@ impl Eviction {
 
     /// Block `id`'s use count (adaptive only; 0 otherwise).
     pub fn uses(&self, id: u32) -> u8 {
-        self.uses.get(id as usize).copied().unwrap_or(0)
+        self.adaptive.get(id as usize).map_or(0, |&w| w as u8)
+    }
+
+    /// The band of block `id` under the adaptive policy: `min(uses, 5) - 1`. Constant
+    /// while the block is queued (a block's uses change only while it is in use).
+    #[inline]
+    pub fn band(&self, id: u32) -> usize {
+        (self.adaptive[id as usize] as u8).clamp(1, ADAPTIVE_BANDS as u8) as usize - 1
     }
 
     /// Block `id`'s credit while queued (adaptive only).
     pub fn credit(&self, id: u32) -> u64 {
-        self.credit.get(id as usize).copied().unwrap_or(0)
+        self.adaptive.get(id as usize).map_or(0, |&w| w >> 8)
     }
 
     /// The ghost table (adaptive only; empty otherwise).
@@ -382,8 +502,10 @@ impl Eviction {
     /// A request took a reference to block `id` (a hit, or a block shared while in use).
     #[inline]
     pub fn on_use(&mut self, id: u32) {
-        if let Some(u) = self.uses.get_mut(id as usize) {
-            *u = u.saturating_add(1);
+        if let Some(w) = self.adaptive.get_mut(id as usize) {
+            if *w as u8 != u8::MAX {
+                *w += 1;
+            }
         }
     }
 
@@ -392,15 +514,45 @@ impl Eviction {
     pub fn on_cached(&mut self, id: u32, fingerprint: u64) {
         if self.policy == EvictionPolicy::Adaptive {
             let before = self.ghosts.take(fingerprint);
-            self.uses[id as usize] = before.saturating_add(1);
+            self.set_uses(id, before.saturating_add(1));
         }
+    }
+
+    #[inline]
+    fn set_uses(&mut self, id: u32, uses: u8) {
+        let w = &mut self.adaptive[id as usize];
+        *w = (*w & !0xFF) | u64::from(uses);
     }
 
     /// Allocation evicted block `id`, cached under fingerprint `fingerprint`.
     #[inline]
     pub fn on_evicted(&mut self, id: u32, fingerprint: u64) {
         if self.policy == EvictionPolicy::Adaptive {
-            self.ghosts.record(fingerprint, self.uses[id as usize]);
+            self.ghosts
+                .record(fingerprint, self.adaptive[id as usize] as u8);
+        }
+    }
+
+    /// [`on_evicted`](Self::on_evicted) for each `(block, fingerprint)`, in order:
+    /// one tight loop, so the ghost table's cache misses overlap.
+    pub fn on_evicted_many(&mut self, evicted: &[(u32, u64)]) {
+        if self.policy == EvictionPolicy::Adaptive {
+            self.ghosts.warm(evicted.iter().map(|&(_, f)| f));
+            for &(id, fingerprint) in evicted {
+                self.ghosts
+                    .record(fingerprint, self.adaptive[id as usize] as u8);
+            }
+        }
+    }
+
+    /// [`on_cached`](Self::on_cached) for each `(block, fingerprint)`, in order.
+    pub fn on_cached_many(&mut self, cached: &[(u32, u64)]) {
+        if self.policy == EvictionPolicy::Adaptive {
+            self.ghosts.warm(cached.iter().map(|&(_, f)| f));
+            for &(id, fingerprint) in cached {
+                let before = self.ghosts.take(fingerprint);
+                self.set_uses(id, before.saturating_add(1));
+            }
         }
     }
 
@@ -433,9 +585,10 @@ impl Eviction {
                 priority as usize
             }
             EvictionPolicy::Adaptive => {
-                let band = (self.uses[id as usize].max(1) as usize).min(ADAPTIVE_BANDS) - 1;
+                let band = self.band(id);
                 self.tick += 1;
-                self.credit[id as usize] = self.tick + self.bonus[band];
+                let w = &mut self.adaptive[id as usize];
+                *w = ((self.tick + self.bonus[band]) << 8) | (*w & 0xFF);
                 band
             }
         }
@@ -450,7 +603,7 @@ impl Eviction {
             EvictionPolicy::Adaptive => {
                 let mut best = (u64::MAX, 0);
                 for class in lists.nonempty_classes() {
-                    let credit = self.credit[lists.ends(class).head as usize];
+                    let credit = self.adaptive[lists.ends(class).head as usize] >> 8;
                     if credit < best.0 {
                         best = (credit, class);
                     }
@@ -532,16 +685,28 @@ mod tests {
     }
 
     #[test]
-    fn ghosts_forget_the_oldest_and_read_once() {
-        let mut g = Ghosts::new(2);
-        g.record(1, 3);
-        g.record(2, 4);
-        g.record(1, 5); // re-recorded: the older record of 1 is stale
-        assert_eq!(g.len(), 2);
-        g.record(3, 1); // pushes out (2, 4): (1, 3) was stale
-        assert_eq!(g.take(2), 0);
-        assert_eq!(g.take(1), 5);
-        assert_eq!(g.take(1), 0);
-        assert_eq!(g.take(3), 1);
+    fn ghosts_read_once_replace_the_oldest_and_forget_by_age() {
+        let fp = |set: u64, tag: u64| (tag << 40) | set;
+        let mut g = Ghosts::new(16, 100).unwrap(); // two sets of eight ways
+        for i in 0..8 {
+            g.record(fp(0, i + 1), i as u8 + 1);
+        }
+        assert_eq!(g.take(fp(0, 1)), 1);
+        assert_eq!(g.take(fp(0, 1)), 0, "read once");
+        g.record(fp(0, 20), 9); // the way tag 1 left
+        g.record(fp(0, 21), 7); // set 0 full: replaces the oldest, tag 2
+        assert_eq!(g.take(fp(0, 2)), 0);
+        assert_eq!(
+            (g.take(fp(0, 3)), g.take(fp(0, 20)), g.take(fp(0, 21))),
+            (3, 9, 7)
+        );
+        let mut old = Ghosts::new(8, 2).unwrap();
+        old.record(fp(0, 1), 5);
+        old.record(fp(0, 2), 5);
+        old.record(fp(0, 3), 5);
+        assert_eq!(old.take(fp(0, 2)), 5, "one eviction ago");
+        old.record(fp(0, 4), 5);
+        old.record(fp(0, 5), 5);
+        assert_eq!(old.take(fp(0, 1)), 0, "four evictions ago: forgotten");
     }
 }

@@ -118,7 +118,11 @@ impl FreeQueue {
             fresh_next: first,
             fresh_end: end.max(first),
             fresh_live: end.saturating_sub(first),
-            lists: ClassLists::new(eviction.policy().num_classes(), end),
+            lists: ClassLists::new(
+                eviction.policy().num_classes(),
+                end,
+                eviction.policy() != EvictionPolicy::Adaptive,
+            ),
             eviction,
         }
     }
@@ -151,10 +155,20 @@ impl FreeQueue {
         &self.lists
     }
 
+    /// The list block `id`, free in the lists, is in.
+    #[inline]
+    pub fn class_of(&self, id: u32) -> usize {
+        if self.lists.tracks_classes() {
+            self.lists.class_of(id)
+        } else {
+            self.eviction.band(id)
+        }
+    }
+
     /// Puts free block `id`, queued in one of the lists, at the tail of the list its
     /// policy now assigns it (after its priority changed).
     pub fn requeue(&mut self, slab: &mut Slab, id: u32) {
-        self.lists.unlink(slab, id);
+        self.lists.unlink_class(slab, id, self.class_of(id));
         self.eviction.on_dequeued(id);
         let class = self.eviction.class_for(id);
         self.lists.push_back(slab, class, id);
@@ -355,7 +369,7 @@ impl FreeQueue {
             }
             Place::Fresh => self.fresh_live -= 1,
             Place::List => {
-                self.lists.unlink(slab, id);
+                self.lists.unlink_class(slab, id, self.class_of(id));
                 self.eviction.on_dequeued(id);
             }
         }

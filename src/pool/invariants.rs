@@ -157,10 +157,10 @@ impl BlockPool {
                         meta.prev
                     ));
                 }
-                if lists.class_of(id) != class {
+                if self.queue.class_of(id) != class {
                     problems.push(format!(
                         "free queue: block {id} is in list {class} but records list {}",
-                        lists.class_of(id)
+                        self.queue.class_of(id)
                     ));
                 }
                 prev = id;
@@ -205,11 +205,14 @@ impl BlockPool {
                     last = credit;
                 }
             }
-            let capacity = self.config.num_blocks as usize * super::eviction::GHOSTS_PER_BLOCK;
-            if eviction.ghosts().len() > capacity {
+            let capacity = (self.config.num_blocks as usize * super::eviction::GHOSTS_PER_BLOCK)
+                .div_ceil(super::eviction::GHOST_WAYS)
+                .next_power_of_two()
+                * super::eviction::GHOST_WAYS;
+            if eviction.ghosts().capacity() != capacity {
                 problems.push(format!(
-                    "adaptive policy: {} ghosts, more than the {capacity} allowed",
-                    eviction.ghosts().len()
+                    "adaptive policy: {} ghost slots, not {capacity}",
+                    eviction.ghosts().capacity()
                 ));
             }
         }

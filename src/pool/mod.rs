@@ -48,8 +48,8 @@ pub use error::{PoolError, PoolResult};
 pub use events::PoolEvent;
 pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
 pub use eviction::{
-    band_bonuses, BlockPriority, Clock, Eviction, EvictionPolicy, ADAPTIVE_BANDS, BAND_LOG2_MILLI,
-    DEFAULT_PRIORITY, GHOSTS_PER_BLOCK, MAX_PRIORITY,
+    band_bonuses, ghost_fingerprint, BlockPriority, Clock, Eviction, EvictionPolicy,
+    ADAPTIVE_BANDS, BAND_LOG2_MILLI, DEFAULT_PRIORITY, GHOSTS_PER_BLOCK, MAX_PRIORITY,
 };
 pub use free_queue::{FreeQueue, FrontBatch, ListOrder, Place, QueueParts};
 pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};

@@ -174,3 +174,48 @@ impl super::KVCacheManager {
         self.pool.advance_clock(seconds)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::pool::{BlockPool, CacheBlocks, EvictionPolicy, HashSlice, PoolConfig};
+
+    fn pool(policy: EvictionPolicy, n: u32) -> BlockPool {
+        let mut config = PoolConfig::new(n);
+        config.eviction = policy;
+        config.manual_clock = true;
+        BlockPool::new(config).unwrap()
+    }
+
+    /// Allocates `keys.len()` blocks, caches them under `keys` and frees them tail first.
+    fn serve(pool: &mut BlockPool, keys: &[u64]) -> Vec<u32> {
+        let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_be_bytes()).collect();
+        let hashes = HashSlice::new(&bytes, 8).unwrap();
+        let mut hit = Vec::new();
+        pool.find_longest_cache_hit(hashes, 0, None, &mut hit)
+            .unwrap();
+        pool.touch(&hit).unwrap();
+        let mut ids = hit.clone();
+        pool.get_new_blocks(keys.len() - hit.len(), &mut ids)
+            .unwrap();
+        pool.cache_full_blocks(CacheBlocks::new(&ids, hashes, hit.len(), keys.len()))
+            .unwrap();
+        pool.free_blocks_reversed(&ids).unwrap();
+        ids
+    }
+
+    #[test]
+    fn adaptive_remembers_uses_across_an_eviction() {
+        let mut p = pool(EvictionPolicy::Adaptive, 3); // two usable blocks
+        let first = serve(&mut p, &[7]);
+        serve(&mut p, &[7]); // a hit: two uses
+        assert_eq!(p.eviction().uses(first[0]), 2);
+        serve(&mut p, &[8, 9]); // evicts key 7 (and the fresh block)
+        let again = serve(&mut p, &[7]);
+        assert_eq!(
+            p.eviction().uses(again[0]),
+            3,
+            "the ghost table kept key 7's two uses"
+        );
+        p.check_invariants().unwrap();
+    }
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The cost of each eviction policy through Python, against LRU, in one process, runs interleaved.
+
+Workloads (every run on a fresh pool built outside the clock, ``gc.collect()`` before it):
+
+* ``churn``: a 100,000-block pool filled with cached blocks, then 1,000 requests that each
+  allocate 64 blocks (evicting 64 cached ones), cache them under new 8-byte keys and free them
+  tail first. Per block.
+* ``hits``: the same full pool; 1,000 requests that each look up a cached 64-block chain, touch
+  it and free it tail first (no eviction: the policy's bookkeeping on hits and frees). Per block.
+* ``replay``: the Mooncake conversation trace (``--trace``; skipped when absent) in a pool of
+  20,000 blocks, :func:`kvpool.simulate.replay`'s calls. Per block of the trace.
+
+Each round runs every policy once, the order rotating; the figures are the medians per policy
+and their ratio to LRU's. Usage: ``python benches/eviction_policies.py [--rounds 7] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.simulate import replay  # noqa: E402
+from kvpool.traces import load_trace  # noqa: E402
+
+POLICIES = ("lru", "priority", "adaptive")
+POOL = 100_000
+REQUEST = 64
+REQUESTS = 1_000
+DEFAULT_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "conversation_trace.jsonl"
+
+
+def filled_pool(policy: str) -> tuple[Any, int]:
+    """A pool of ``POOL`` blocks whose every usable block is cached under keys ``0..``, and the next key."""
+    pool = kvpool.BlockPool(POOL, eviction=policy, block_size=16)
+    usable = POOL - 1
+    ids = pool.get_new_blocks(usable)
+    pool.cache_full_blocks(ids, np.arange(usable, dtype=np.uint64), 0, usable)
+    pool.free_blocks(ids, reverse=True)
+    return pool, usable
+
+
+def churn(state: tuple[Any, int]) -> None:
+    """Allocate (evicting), cache under new keys, free tail first."""
+    pool, next_key = state
+    for r in range(REQUESTS):
+        ids = pool.get_new_blocks(REQUEST)
+        keys = np.arange(next_key + r * REQUEST, next_key + (r + 1) * REQUEST, dtype=np.uint64)
+        pool.cache_full_blocks(ids, keys, 0, REQUEST)
+        pool.free_blocks(ids, reverse=True)
+
+
+def hits(state: tuple[Any, int]) -> None:
+    """Look up cached chains, touch them, free them tail first."""
+    pool, usable = state
+    stride = usable // REQUESTS
+    for r in range(REQUESTS):
+        start = r * stride
+        hit = pool.find_longest_cache_hit(np.arange(start, start + REQUEST, dtype=np.uint64))
+        pool.touch(hit)
+        pool.free_blocks(hit, reverse=True)
+
+
+def run(rounds: int, trace_path: Path | None) -> list[dict[str, Any]]:
+    """Every workload, ``rounds`` interleaved rounds; one result row per workload and policy."""
+    workloads: list[tuple[str, Callable[[Any], None], Callable[[str], Any], int]] = [
+        ("churn", churn, filled_pool, REQUESTS * REQUEST),
+        ("hits", hits, filled_pool, REQUESTS * REQUEST),
+    ]
+    if trace_path is not None and trace_path.exists():
+        trace = load_trace(str(trace_path))
+        requests = [ids[:20_000] for ids in trace.hash_ids]
+
+        def replay_setup(policy: str) -> Any:
+            return kvpool.BlockPool(20_001, eviction=policy, block_size=512)
+
+        workloads.append(("replay", lambda pool: replay(pool, requests), replay_setup, trace.num_blocks))
+    rows = []
+    for name, body, setup, per in workloads:
+        times: dict[str, list[float]] = {p: [] for p in POLICIES}
+        for round_ in range(rounds):
+            order = POLICIES[round_ % len(POLICIES):] + POLICIES[: round_ % len(POLICIES)]
+            for policy in order:
+                state = setup(policy)
+                gc.collect()
+                t0 = time.perf_counter()
+                body(state)
+                times[policy].append(time.perf_counter() - t0)
+        lru = statistics.median(times["lru"])
+        for policy in POLICIES:
+            median = statistics.median(times[policy])
+            rows.append({"workload": name, "policy": policy, "ns_per_block": round(median / per * 1e9, 1),
+                         "x_lru": round(median / lru, 3)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = run(args.rounds, args.trace)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    print(f"eviction policies through Python, median of {args.rounds} interleaved rounds")
+    print(f"{'workload':<10} {'policy':<10} {'ns/block':>9} {'x LRU':>7}")
+    for row in rows:
+        print(f"{row['workload']:<10} {row['policy']:<10} {row['ns_per_block']:>9} {row['x_lru']:>7}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The side-by-side output of ``kvpool simulate --policy``: a table and a plot of hit ratio per policy.
+
+Rows are capacities, columns the policies and Belady's MIN (the offline bound); each cell is the
+block hit ratio, with the ratio to LRU's hits when LRU is among the columns. The plot draws one
+curve per policy, MIN dashed and the unbounded ceiling dotted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvpool.simulate import ReplayResult, load_pyplot
+from kvpool.traces import Trace
+
+__all__ = ["policies_table", "save_policies_plot"]
+
+
+def policies_table(trace: Trace, results: Sequence[ReplayResult], columns: Sequence[str]) -> str:
+    """A text table: one row per bounded capacity, one block-hit-ratio column per policy."""
+    by_key = {(r.capacity_blocks, r.policy): r for r in results}
+    capacities = sorted({r.capacity_blocks for r in results if r.capacity_blocks is not None})
+    lines = [
+        f"{trace.name}: {trace.num_requests} requests, {trace.num_blocks} blocks "
+        f"({trace.distinct_ids()} distinct ids); block hit ratio per eviction policy "
+        "(x LRU's hits); belady = Belady's MIN, the offline bound",
+        f"{'capacity':>10}  " + "  ".join(f"{c:>15}" for c in columns),
+    ]
+    for capacity in capacities:
+        lru = by_key.get((capacity, "lru"))
+        cells = []
+        for column in columns:
+            r = by_key.get((capacity, column))
+            if r is None:
+                cells.append(f"{'-':>15}")
+                continue
+            ratio = f" ({r.hit_blocks / lru.hit_blocks:.2f}x)" if lru and lru.hit_blocks and column != "lru" else ""
+            cells.append(f"{100 * r.block_hit_ratio:>6.2f}%{ratio:>8}")
+        lines.append(f"{capacity:>10}  " + "  ".join(cells))
+    ceiling = next((r for r in results if r.capacity_blocks is None), None)
+    if ceiling is not None:
+        lines.append(f"{'unbounded':>10}  {100 * ceiling.block_hit_ratio:>6.2f}% (every policy)")
+    return "\n".join(lines)
+
+
+def save_policies_plot(results: Sequence[ReplayResult], path: str) -> None:
+    """A PNG of block hit ratio against capacity: one curve per policy, MIN dashed, ceiling dotted."""
+    plt = load_pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    policies = list(dict.fromkeys(r.policy for r in results if r.capacity_blocks is not None))
+    for policy in policies:
+        points = sorted((r.capacity_blocks, r.block_hit_ratio) for r in results
+                        if r.policy == policy and r.capacity_blocks is not None)
+        style = "k--" if policy == "belady" else "o-"
+        label = "Belady's MIN (offline bound)" if policy == "belady" else policy
+        ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
+    ceiling = next((r for r in results if r.capacity_blocks is None), None)
+    if ceiling is not None:
+        ax.axhline(ceiling.block_hit_ratio, color="grey", linestyle=":", label="unbounded cache")
+    xs = [r.capacity_blocks for r in results if r.capacity_blocks is not None]
+    if xs and max(xs) / min(xs) >= 10:
+        ax.set_xscale("log")
+    ax.set_xlabel("capacity (blocks)")
+    ax.set_ylabel("block hit ratio")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"eviction policies: {results[0].trace}" if results else "eviction policies")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
