@@ -12,8 +12,9 @@ policy decides which. Each policy keeps the cached free blocks in LRU lists (*cl
 * ``"adaptive"``: five bands by use count; a block freed with ``u`` uses joins band
   ``b = min(u, 5) - 1`` with credit ``t + bonus(b)`` (``t`` counts the cached blocks freed so far,
   ``bonus(b) = num_blocks * round(1000 * log2(1 + b)) * 3 // 4000``); the band head with the lowest
-  credit goes first (the lowest band on a tie). Uses survive eviction in a ghost table of
-  ``2 * num_blocks`` recently evicted keys (first in, first forgotten).
+  credit goes first (the lowest band on a tie). Uses survive eviction in a ghost table
+  (:class:`Ghosts`: ``2 * num_blocks`` ways in 8-way sets) that forgets a record ``num_blocks``
+  evictions after writing it.
 """
 
 from __future__ import annotations
@@ -67,39 +68,89 @@ class BlockPriority:
         return self.priority
 
 
-class Ghosts:
-    """Recently evicted keys and their use counts, forgetting the oldest record first."""
+MASK64 = (1 << 64) - 1
+GHOST_WAYS = 8
 
-    def __init__(self, capacity: int) -> None:
-        """An empty table of at most ``capacity`` records (stale ones included)."""
-        self._uses: dict[HashKey, tuple[int, int]] = {}
-        self._order: deque[tuple[HashKey, int]] = deque()
+
+def _splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def ghost_fingerprint(key: HashKey) -> int:
+    """splitmix64 folded over the key's width and group, then its 32 bytes (zero-padded) as four
+    little-endian words: the Rust pool's ``ghost_fingerprint``."""
+    block_hash, group = key
+    padded = block_hash.ljust(32, b"\0")
+    h = (len(block_hash) << 32) | group
+    for i in range(0, 32, 8):
+        h = _splitmix64(h ^ int.from_bytes(padded[i : i + 8], "little"))
+    return h
+
+
+class Ghosts:
+    """Recently evicted keys and their use counts: 8-way sets, a record forgotten once ``window``
+    evictions have passed since it was written (forgetting by age keeps a chain's blocks, evicted
+    together, remembered or forgotten together); a full set replaces its oldest record."""
+
+    def __init__(self, ways: int, window: int) -> None:
+        """A table of at least ``ways`` ways, rounded up to a power-of-two number of 8-way sets."""
+        sets = 1
+        while sets * GHOST_WAYS < ways:
+            sets *= 2
+        self._sets = sets
+        self._ways: list[tuple[int, int, int] | None] = [None] * (sets * GHOST_WAYS)  # (tag, uses, stamp)
         self._stamp = 0
-        self._capacity = capacity
+        self._window = window
 
     def __len__(self) -> int:
-        """Keys remembered."""
-        return len(self._uses)
+        """Ways holding a record (live or forgotten)."""
+        return sum(w is not None for w in self._ways)
+
+    @property
+    def capacity(self) -> int:
+        """Ways in the table."""
+        return len(self._ways)
+
+    def _age(self, stamp: int) -> int:
+        return (self._stamp - stamp) % (1 << 32)
+
+    def _set(self, fingerprint: int) -> range:
+        start = (fingerprint & (self._sets - 1)) * GHOST_WAYS
+        return range(start, start + GHOST_WAYS)
 
     def record(self, key: HashKey, uses: int) -> None:
         """Remember that ``key`` left the cache with ``uses`` uses."""
-        self._stamp += 1
-        self._uses[key] = (uses, self._stamp)
-        self._order.append((key, self._stamp))
-        while len(self._order) > self._capacity:
-            old, stamp = self._order.popleft()
-            if self._uses.get(old, (0, -1))[1] == stamp:
-                del self._uses[old]
+        if uses == 0:
+            return
+        self._stamp = (self._stamp + 1) % (1 << 32)
+        fingerprint = ghost_fingerprint(key)
+        ways = self._set(fingerprint)
+        victim = None
+        for i in ways:  # the first empty or forgotten way
+            way = self._ways[i]
+            if way is None or self._age(way[2]) > self._window:
+                victim = i
+                break
+        if victim is None:  # else the oldest record, the first on a tie
+            victim = max(ways, key=lambda i: (self._age(self._ways[i][2]), -i))  # type: ignore[index]
+        self._ways[victim] = (fingerprint >> 40, uses, self._stamp)
 
     def take(self, key: HashKey) -> int:
-        """The uses recorded for ``key`` (0 if none), forgotten as they are read."""
-        uses, _ = self._uses.pop(key, (0, 0))
-        return uses
+        """The uses recorded for ``key`` (0 if none or forgotten), cleared as they are read."""
+        fingerprint = ghost_fingerprint(key)
+        for i in self._set(fingerprint):
+            way = self._ways[i]
+            if way is not None and way[0] == fingerprint >> 40:
+                self._ways[i] = None
+                return 0 if self._age(way[2]) > self._window else way[1]
+        return 0
 
     def clear(self) -> None:
         """Forget everything."""
-        self._uses.clear()
-        self._order.clear()
+        self._ways = [None] * len(self._ways)
 
 
 class PolicyQueue:
@@ -126,7 +177,7 @@ class PolicyQueue:
         self.credit: dict[int, int] = {}
         self._tick = 0
         self._bonus = band_bonuses(num_blocks)
-        self.ghosts = Ghosts(GHOSTS_PER_BLOCK * num_blocks)
+        self.ghosts = Ghosts(GHOSTS_PER_BLOCK * num_blocks, num_blocks)
 
     # -- the clock ------------------------------------------------------------------------------
 
