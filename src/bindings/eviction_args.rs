@@ -25,7 +25,7 @@ pub fn clock_arg(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<boo
         Some(other) => Err(error(
             py,
             ErrorKind::InvalidArgument,
-            format!("clock must be 'monotonic' or 'manual', got {other:?}"),
+            format!("clock must be 'monotonic' or 'manual', got '{other}'"),
         )),
     }
 }

@@ -87,7 +87,7 @@ impl EvictionPolicy {
             .find(|p| p.name() == name)
             .ok_or_else(|| {
                 PoolError::InvalidArgument(format!(
-                    "unknown eviction policy {name:?}: choose lru, priority or adaptive"
+                    "unknown eviction policy '{name}': choose lru, priority or adaptive"
                 ))
             })
     }

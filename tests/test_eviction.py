@@ -1,0 +1,252 @@
+"""Eviction policies, retention priorities and pins: the behaviour each one promises.
+
+Every test runs on the Rust pool and on the plain-Python reference (the state machines in
+``test_pool_state_machine.py`` and ``test_manager_state_machine.py`` compare the two step by
+step under every policy; these tests pin down what the policies are for).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kvpool
+import kvpool.reference
+from kvpool import BlockStateError, DoubleFreeError, DtypeError, InvalidArgumentError, PinBudgetError
+
+POOLS = [pytest.param(kvpool.BlockPool, id="rust"), pytest.param(kvpool.reference.BlockPool, id="reference")]
+MANAGERS = [pytest.param(kvpool.KVCacheManager, id="rust"), pytest.param(kvpool.reference.KVCacheManager, id="reference")]
+
+
+def keys(*ids: int) -> list[bytes]:
+    """Hash ids as 8-byte big-endian hashes (what a uint64 id stands for in the Rust pool)."""
+    return [i.to_bytes(8, "big") for i in ids]
+
+
+def serve(pool: Any, chain: list[int], **cache_kwargs: Any) -> list[int]:
+    """One request: hit the cached prefix of ``chain``, allocate the rest, cache all, free tail first."""
+    hashes = keys(*chain)
+    hit = pool.find_longest_cache_hit(hashes).tolist()
+    pool.touch(hit)
+    new = pool.get_new_blocks(len(chain) - len(hit)).tolist()
+    blocks = hit + new
+    pool.cache_full_blocks(blocks, hashes, len(hit), len(chain), **cache_kwargs)
+    pool.free_blocks(blocks, reverse=True)
+    return blocks
+
+
+def cached(pool: Any, chain: list[int]) -> int:
+    """How many blocks of ``chain``'s prefix are cached."""
+    return len(pool.find_longest_cache_hit(keys(*chain)))
+
+
+# ------------------------------------------------------------------ construction and arguments
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_policy_names_and_defaults(pool_cls: Any) -> None:
+    pool = pool_cls(16)
+    assert (pool.eviction, pool.clock, pool.max_pinned_blocks) == ("lru", "monotonic", 4)
+    for name in ("lru", "priority", "adaptive"):
+        assert pool_cls(16, eviction=name).eviction == name
+    with pytest.raises(InvalidArgumentError, match="unknown eviction policy 'lfu'"):
+        pool_cls(16, eviction="lfu")
+    with pytest.raises(DtypeError):
+        pool_cls(16, eviction=3)
+    with pytest.raises(InvalidArgumentError, match="clock"):
+        pool_cls(16, clock="wall")
+    with pytest.raises(InvalidArgumentError):
+        pool_cls(16, max_pinned_blocks=17)
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_priority_arguments_are_checked_before_any_change(pool_cls: Any) -> None:
+    lru = pool_cls(8)
+    ids = lru.get_new_blocks(2)
+    with pytest.raises(InvalidArgumentError, match="eviction='priority'"):
+        lru.cache_full_blocks(ids, keys(1, 2), 0, 2, priority=90)
+    assert lru.get_num_cached_blocks() == 0
+    pool = pool_cls(8, eviction="priority", clock="manual")
+    ids = pool.get_new_blocks(2)
+    for bad in ({"priority": 101}, {"priority": -1}, {"retention_s": 5.0}, {"priority": 50, "retention_s": 0},
+                {"priority": 50, "retention_s": float("nan")}):
+        with pytest.raises(InvalidArgumentError):
+            pool.cache_full_blocks(ids, keys(1, 2), 0, 2, **bad)
+    with pytest.raises(DtypeError):
+        pool.cache_full_blocks(ids, keys(1, 2), 0, 2, priority=50, retention_s="5")
+    assert pool.get_num_cached_blocks() == 0
+    with pytest.raises(InvalidArgumentError, match="clock='manual'"):
+        pool_cls(8).advance_clock(1.0)
+    with pytest.raises(InvalidArgumentError):
+        pool.advance_clock(-1.0)
+
+
+# ------------------------------------------------------------------ retention priorities
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_high_priority_outlives_low_priority_then_reverts(pool_cls: Any) -> None:
+    pool = pool_cls(9, eviction="priority", clock="manual")  # 8 usable blocks
+    serve(pool, [100, 101], priority=90, retention_s=10.0)  # kept for 10 s
+    for i in range(20):  # churn of default-priority requests, 6 blocks each
+        serve(pool, [1000 + 10 * i + j for j in range(6)])
+        assert cached(pool, [100, 101]) == 2, f"evicted by churn round {i}"
+    blocks = pool.find_longest_cache_hit(keys(100, 101)).tolist()
+    assert pool.block_priority(blocks[0]) == (90, 10.0)
+    pool.advance_clock(10.0)  # the priority ran out: back to the default, LRU among the rest
+    assert pool.block_priority(blocks[0]) == (35, None)
+    serve(pool, [5000 + j for j in range(6)])
+    serve(pool, [6000 + j for j in range(6)])
+    assert cached(pool, [100, 101]) == 0
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_lowest_priority_goes_first_lru_within(pool_cls: Any) -> None:
+    pool = pool_cls(7, eviction="priority", clock="manual")
+    low = serve(pool, [1, 2], priority=10)
+    mid = serve(pool, [3, 4])
+    high = serve(pool, [5, 6], priority=80)
+    # Fresh blocks go first, then priority 10 (tail first), the default, then 80.
+    assert pool.free_block_ids().tolist() == [low[1], low[0], mid[1], mid[0], high[1], high[0]]
+    pool.set_priority(mid, 5)  # requeued at their new priority's tail, in the order given
+    assert pool.free_block_ids().tolist()[:2] == [mid[0], mid[1]]
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("manager_cls", MANAGERS)
+def test_request_priority_reaches_its_blocks(manager_cls: Any) -> None:
+    manager = manager_cls(9, 4, eviction="priority", clock="manual")
+    prompt = list(range(8))
+    manager.add_request("sys", prompt + [99], priority=95, retention_s=60)
+    manager.allocate_slots("sys", 9)
+    manager.free("sys")
+    for i in range(10):  # churn that would evict the prompt's two blocks under LRU
+        rid = f"r{i}"
+        manager.add_request(rid, [1000 + 10 * i + j for j in range(17)])
+        manager.allocate_slots(rid, 17)
+        manager.free(rid)
+    manager.add_request("again", prompt + [7])
+    blocks, computed = manager.get_computed_blocks("again")
+    assert computed == 8
+    with pytest.raises(InvalidArgumentError, match="eviction='priority'"):
+        manager_cls(9, 4).add_request("x", [1, 2], priority=50)
+
+
+# ------------------------------------------------------------------ pins
+
+
+@pytest.mark.parametrize("policy", ["lru", "priority", "adaptive"])
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_pinned_prefix_survives_any_churn(pool_cls: Any, policy: str) -> None:
+    pool = pool_cls(65, eviction=policy, max_pinned_blocks=8, clock="manual")
+    system = [7, 8, 9, 10]
+    serve(pool, system)
+    assert pool.pin_prefix(keys(*system)) == 4
+    assert pool.get_num_pinned_blocks() == 4
+    assert pool.get_num_free_blocks() == 60
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        chain = [int(x) for x in rng.integers(1000, 1_000_000, size=int(rng.integers(1, 60)))]
+        serve(pool, chain)
+    assert cached(pool, system) == 4
+    hit = pool.find_longest_cache_hit(keys(*system)).tolist()
+    assert pool.pinned_block_ids().tolist() == sorted(hit)
+    pool.check_invariants()
+    assert pool.unpin_prefix(keys(*system)) == 4
+    assert pool.get_num_free_blocks() == 64
+    serve(pool, list(range(2000, 2064)))  # the whole pool: the system prompt goes now
+    assert cached(pool, system) == 0
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_pin_budget_is_an_error_not_a_silent_unpin(pool_cls: Any) -> None:
+    pool = pool_cls(16, max_pinned_blocks=3)
+    serve(pool, [1, 2])
+    serve(pool, [5, 6])
+    assert pool.pin_prefix(keys(1, 2)) == 2
+    assert pool.pin_prefix(keys(1, 2)) == 2  # already pinned: nothing more counted
+    with pytest.raises(PinBudgetError, match="2 of 3 are pinned"):
+        pool.pin_prefix(keys(5, 6))
+    assert pool.get_num_pinned_blocks() == 2 and cached(pool, [1, 2]) == 2
+    assert isinstance(PinBudgetError("x"), (kvpool.KVPoolError, ValueError))
+    assert pool_cls(16, max_pinned_blocks=0).pin_prefix(keys()) == 0
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_a_pins_reference_is_only_freed_by_unpinning(pool_cls: Any) -> None:
+    pool = pool_cls(8)
+    blocks = serve(pool, [1, 2])
+    pool.pin_prefix(keys(1, 2))
+    counts = pool.ref_counts().tolist()
+    with pytest.raises(DoubleFreeError):
+        pool.free_blocks(blocks)
+    assert pool.ref_counts().tolist() == counts
+    assert pool.reset_prefix_cache() is False  # pinned blocks are in use
+    pool.evict_blocks([blocks[1]])  # an explicit eviction drops the pin too
+    assert pool.get_num_pinned_blocks() == 1 and pool.block_hash(blocks[1]) is None
+    assert pool.unpin_all() == 1
+    assert pool.reset_prefix_cache() is True
+    pool.check_invariants()
+    with pytest.raises(BlockStateError):
+        pool.cache_full_blocks([blocks[0]], keys(3), 0, 1)  # free: not cacheable, as before
+
+
+@pytest.mark.parametrize("manager_cls", MANAGERS)
+def test_manager_pins_a_prompt(manager_cls: Any) -> None:
+    manager = manager_cls(9, 4, max_pinned_blocks=2)
+    prompt = list(range(9))
+    manager.add_request("sys", prompt)
+    manager.allocate_slots("sys", 9)
+    manager.free("sys")
+    assert manager.pin_prompt(prompt) == 2
+    assert manager.get_num_pinned_blocks() == 2
+    for i in range(8):
+        rid = f"r{i}"
+        manager.add_request(rid, [1000 + 10 * i + j for j in range(20)])
+        assert manager.allocate_slots(rid, 20) is not None
+        manager.free(rid)
+    manager.add_request("again", prompt)
+    assert manager.get_computed_blocks("again")[1] == 8
+    assert manager.unpin_prompt(prompt) == 2
+    assert manager.get_num_pinned_blocks() == 0
+
+
+# ------------------------------------------------------------------ the adaptive policy
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_adaptive_keeps_a_reused_prefix_that_lru_evicts(pool_cls: Any) -> None:
+    """A prefix used three times outlives a scan of blocks used once; under LRU it does not."""
+    results = {}
+    for policy in ("lru", "adaptive"):
+        pool = pool_cls(33, eviction=policy)
+        for _ in range(3):
+            serve(pool, [1, 2, 3, 4])
+        for i in range(8):  # a scan of 28 blocks, each used once, in 7-block requests
+            serve(pool, [100 + 10 * i + j for j in range(7)])
+            if i == 4:
+                break
+        results[policy] = cached(pool, [1, 2, 3, 4])
+        pool.check_invariants()
+    assert results == {"lru": 0, "adaptive": 4}
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_adaptive_remembers_uses_across_an_eviction(pool_cls: Any) -> None:
+    """Uses survive in the ghost table: a key evicted after two uses comes back in a higher band."""
+    pool = pool_cls(4, eviction="adaptive")  # three usable blocks
+    serve(pool, [7])
+    serve(pool, [7])
+    serve(pool, [8, 9, 10])  # evicts key 7
+    assert cached(pool, [7]) == 0
+    again = serve(pool, [7])[0]
+    serve(pool, [11])
+    serve(pool, [12])
+    # Key 7 (three uses) outlives the two newer keys used once.
+    order = pool.free_block_ids().tolist()
+    assert order[-1] == again
+    pool.check_invariants()
