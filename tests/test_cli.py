@@ -22,7 +22,7 @@ needs_core = pytest.mark.skipif(not HAVE_CORE, reason="kvpool._core is not built
 # capacity 4 hits 7 blocks and evicts 3, unbounded hits 8.
 HAND = [([1, 2, 3], 10), ([1, 2, 4, 5], 15), ([1, 2, 3, 6, 7, 8], 22), ([1, 2, 3], 10)]
 SIM_KEYS = ["trace", "capacity_blocks", "requests", "blocks", "hit_blocks", "block_hit_ratio",
-            "token_hit_ratio", "evictions", "seconds"]
+            "token_hit_ratio", "evictions", "seconds", "policy"]
 
 
 @pytest.fixture
@@ -285,3 +285,31 @@ def test_row_ratio() -> None:
     assert Row("v", "requests_per_s", "rate", {"kvpool": 10.0, "reference": 2.0}).ratio() == 5.0
     assert Row("v", "hit_ratio", "value", {"kvpool": 0.5, "reference": 0.5}).ratio() is None
     assert Row("v", "us_per_req", "time", {"kvpool": 2.0}).ratio() is None
+
+
+@needs_core
+def test_simulate_policies_side_by_side(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    """``--policy``: one row per policy and capacity, Belady's MIN added; LRU's counts are the
+    default run's, and no policy beats MIN."""
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--capacity-blocks", "4", "2", "--json", "--quiet")
+    assert status == 0
+    default = {r["capacity_blocks"]: r["hit_blocks"] for r in json_lines(out)}
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--capacity-blocks", "4", "2",
+                         "--policy", "lru", "adaptive", "priority", "--json", "--quiet")
+    assert status == 0
+    rows = json_lines(out)
+    assert [(r["policy"], r["capacity_blocks"]) for r in rows] == [
+        ("lru", 4), ("lru", 2), ("adaptive", 4), ("adaptive", 2), ("priority", 4), ("priority", 2),
+        ("belady", 4), ("belady", 2)]
+    hits = {(r["policy"], r["capacity_blocks"]): r["hit_blocks"] for r in rows}
+    assert {c: hits[("lru", c)] for c in (4, 2)} == default
+    for c in (4, 2):
+        assert hits[("belady", c)] >= max(hits[(p, c)] for p in ("lru", "adaptive", "priority"))
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--capacity-blocks", "4", "--policy", "adaptive",
+                         "--unbounded", "--quiet")
+    assert status == 0 and "belady" in out and "unbounded" in out
+
+
+def test_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    status, _, err = run(capsys, "simulate", str(hand_trace), "--policy", "lfu")
+    assert status == 2 and "invalid choice" in err

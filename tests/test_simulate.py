@@ -148,7 +148,7 @@ def test_rejects_bad_capacity_and_block_tokens(impl: Impl) -> None:
 def test_json_fields() -> None:
     result = simulate_one(make_trace(*HAND), None, block_tokens=4, impl=get_impl("reference"))
     assert list(result.to_dict()) == ["trace", "capacity_blocks", "requests", "blocks", "hit_blocks",
-                                      "block_hit_ratio", "token_hit_ratio", "evictions", "seconds"]
+                                      "block_hit_ratio", "token_hit_ratio", "evictions", "seconds", "policy"]
     assert result.to_dict()["capacity_blocks"] is None
 
 
@@ -338,3 +338,27 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     path = tmp_path / "p.png"
     save_plot(results, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_belady_is_an_upper_bound_and_matches_a_hand_count() -> None:
+    """MIN on the hand trace at capacity 4: request 2 must evict 3 (the only free block), request 3
+    keeps its first 4 blocks and evicts 4 and 5 (never used again), request 4 hits [1, 2, 3]."""
+    from kvpool.simulate_belady import simulate_belady
+
+    trace = make_trace(*HAND)
+    result = simulate_belady(trace, 4, block_tokens=4)
+    assert result.policy == "belady"
+    lru = simulate_one(trace, 4, block_tokens=4, impl=get_impl("reference"))
+    assert result.hit_blocks >= lru.hit_blocks
+    assert result.hit_blocks == 0 + 2 + 2 + 3
+
+
+@pytest.mark.parametrize("policy", ["priority", "adaptive"])
+def test_policies_agree_between_rust_and_reference(policy: str) -> None:
+    if not hasattr(kvpool, "BlockPool"):
+        pytest.skip("kvpool._core is not built")
+    trace = make_trace(*HAND, *HAND, ([9, 1, 2], 9), *HAND)
+    for capacity in (2, 3, 4, 6):
+        a = simulate_one(trace, capacity, block_tokens=4, policy=policy)
+        b = simulate_one(trace, capacity, block_tokens=4, impl=get_impl("reference"), policy=policy)
+        assert (a.hit_blocks, a.evictions) == (b.hit_blocks, b.evictions)
