@@ -203,6 +203,81 @@ mod tests {
         ids
     }
 
+    fn key_bytes(keys: &[u64]) -> Vec<u8> {
+        keys.iter().flat_map(|k| k.to_be_bytes()).collect()
+    }
+
+    #[test]
+    fn a_pinned_prefix_survives_churn_under_every_policy() {
+        for policy in EvictionPolicy::ALL {
+            let mut p = pool(policy, 17);
+            serve(&mut p, &[1, 2, 3]);
+            let bytes = key_bytes(&[1, 2, 3]);
+            let chain = HashSlice::new(&bytes, 8).unwrap();
+            assert_eq!(p.pin_prefix(chain, 0).unwrap(), 3);
+            for round in 0..50u64 {
+                let keys: Vec<u64> = (0..13).map(|j| 1000 + round * 100 + j).collect();
+                serve(&mut p, &keys);
+            }
+            let mut hit = Vec::new();
+            assert_eq!(
+                p.find_longest_cache_hit(chain, 0, None, &mut hit).unwrap(),
+                3
+            );
+            p.check_invariants().unwrap();
+            assert_eq!(p.unpin_prefix(chain, 0).unwrap(), 3);
+            assert_eq!(p.num_free_blocks(), 16);
+        }
+    }
+
+    #[test]
+    fn the_pin_budget_refuses_and_changes_nothing() {
+        let mut config = PoolConfig::new(9);
+        config.max_pinned_blocks = 2;
+        let mut p = BlockPool::new(config).unwrap();
+        serve(&mut p, &[1, 2, 3]);
+        let bytes = key_bytes(&[1, 2, 3]);
+        let err = p.pin_prefix(HashSlice::new(&bytes, 8).unwrap(), 0);
+        assert!(matches!(
+            err,
+            Err(crate::pool::PoolError::PinBudget {
+                requested: 3,
+                pinned: 0,
+                budget: 2
+            })
+        ));
+        assert_eq!((p.num_pinned_blocks(), p.num_free_blocks()), (0, 8));
+    }
+
+    #[test]
+    fn priorities_order_eviction_and_revert_after_their_duration() {
+        let mut p = pool(EvictionPolicy::Priority, 5); // four usable blocks
+        let kept = serve(&mut p, &[1, 2]);
+        p.set_priority(
+            &kept,
+            crate::pool::BlockPriority::new(90, Some(5.0), p.now()).unwrap(),
+            false,
+        )
+        .unwrap();
+        serve(&mut p, &[3, 4]);
+        serve(&mut p, &[5, 6]); // evicts 3 and 4 (priority 35), not 1 and 2 (90)
+        let bytes = key_bytes(&[1, 2]);
+        let chain = HashSlice::new(&bytes, 8).unwrap();
+        let mut hit = Vec::new();
+        assert_eq!(
+            p.find_longest_cache_hit(chain, 0, None, &mut hit).unwrap(),
+            2
+        );
+        p.advance_clock(5.0).unwrap();
+        serve(&mut p, &[7, 8]); // 1 and 2 are back at 35 and older than 5 and 6
+        hit.clear();
+        assert_eq!(
+            p.find_longest_cache_hit(chain, 0, None, &mut hit).unwrap(),
+            0
+        );
+        p.check_invariants().unwrap();
+    }
+
     #[test]
     fn adaptive_remembers_uses_across_an_eviction() {
         let mut p = pool(EvictionPolicy::Adaptive, 3); // two usable blocks
