@@ -269,7 +269,14 @@ mod tests {
             2
         );
         p.advance_clock(5.0).unwrap();
-        serve(&mut p, &[7, 8]); // 1 and 2 are back at 35 and older than 5 and 6
+        // Back at 35, at the default list's tail as of their expiry: 5 and 6 go first.
+        serve(&mut p, &[7, 8]);
+        hit.clear();
+        assert_eq!(
+            p.find_longest_cache_hit(chain, 0, None, &mut hit).unwrap(),
+            2
+        );
+        serve(&mut p, &[9, 10]);
         hit.clear();
         assert_eq!(
             p.find_longest_cache_hit(chain, 0, None, &mut hit).unwrap(),
