@@ -58,8 +58,10 @@ __all__ = [
     "default_sweep",
     "get_impl",
     "load_pyplot",
+    "finish_plot",
     "prepare_hashes",
     "replay",
+    "replay_result",
     "save_plot",
     "simulate",
     "simulate_one",
@@ -271,8 +273,23 @@ def simulate_one(
     else:
         pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens, eviction=policy)
     hits, seconds = _timed_replay(pool, requests, progress)
+    newly_cached = sum(len(h) for h in requests) - sum(hits)
+    return replay_result(trace, capacity, hits, block_tokens=block_tokens,
+                         evictions=newly_cached - pool.get_num_cached_blocks(), seconds=seconds, policy=policy)
+
+
+def replay_result(
+    trace: Trace,
+    capacity: int | None,
+    hits: Sequence[int],
+    *,
+    block_tokens: int,
+    evictions: int,
+    seconds: float,
+    policy: str,
+) -> ReplayResult:
+    """The :class:`ReplayResult` of a replay of ``trace`` whose requests hit ``hits`` blocks each."""
     hit_blocks = sum(hits)
-    newly_cached = sum(len(h) for h in requests) - hit_blocks
     blocks, input_tokens = trace.num_blocks, sum(trace.input_lengths)
     return ReplayResult(
         trace=trace.name,
@@ -282,7 +299,7 @@ def simulate_one(
         hit_blocks=hit_blocks,
         block_hit_ratio=hit_blocks / blocks if blocks else 0.0,
         token_hit_ratio=_token_hits(trace, hits, block_tokens) / input_tokens if input_tokens else 0.0,
-        evictions=newly_cached - pool.get_num_cached_blocks(),
+        evictions=evictions,
         seconds=seconds,
         policy=policy,
     )
@@ -358,12 +375,19 @@ def save_plot(results: Sequence[ReplayResult], path: str) -> None:
     if ceiling is not None:
         ax.axhline(ceiling.block_hit_ratio, color="C0", linestyle=":", label="unbounded: block")
         ax.axhline(ceiling.token_hit_ratio, color="C1", linestyle=":", label="unbounded: token")
+    title = f"prefix-cache hit ratio: {results[0].trace}" if results else "prefix-cache hit ratio"
+    finish_plot(plt, fig, ax, xs, "hit ratio", title, path)
+
+
+def finish_plot(plt: Any, fig: Any, ax: Any, xs: Sequence[int], ylabel: str, title: str, path: str) -> None:
+    """The axes every hit-ratio plot shares (capacity in blocks, log-scaled over a decade or more,
+    a 0..1 ratio), then write ``path`` and close the figure."""
     if len(xs) > 1 and max(xs) / min(xs) >= 10:
         ax.set_xscale("log")
     ax.set_xlabel("capacity (blocks)")
-    ax.set_ylabel("hit ratio")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1)
-    ax.set_title(f"prefix-cache hit ratio: {results[0].trace}" if results else "prefix-cache hit ratio")
+    ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()

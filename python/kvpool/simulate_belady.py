@@ -18,7 +18,7 @@ import math
 import time
 from collections import defaultdict
 
-from kvpool.simulate import ReplayResult, _token_hits
+from kvpool.simulate import ReplayResult, replay_result
 from kvpool.traces import MOONCAKE_BLOCK_TOKENS, Trace
 
 __all__ = ["belady_hits", "simulate_belady"]
@@ -91,17 +91,6 @@ def simulate_belady(
     t0 = time.perf_counter()
     hits, cached_at_end = belady_hits(requests, capacity)
     seconds = time.perf_counter() - t0
-    hit_blocks = sum(hits)
-    blocks, input_tokens = trace.num_blocks, sum(trace.input_lengths)
-    return ReplayResult(
-        trace=trace.name,
-        capacity_blocks=capacity,
-        requests=trace.num_requests,
-        blocks=blocks,
-        hit_blocks=hit_blocks,
-        block_hit_ratio=hit_blocks / blocks if blocks else 0.0,
-        token_hit_ratio=_token_hits(trace, hits, block_tokens) / input_tokens if input_tokens else 0.0,
-        evictions=sum(len(r) for r in requests) - hit_blocks - cached_at_end,
-        seconds=seconds,
-        policy="belady",
-    )
+    evictions = sum(len(r) for r in requests) - sum(hits) - cached_at_end
+    return replay_result(trace, capacity, hits, block_tokens=block_tokens, evictions=evictions, seconds=seconds,
+                         policy="belady")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.simulate import ReplayResult, load_pyplot
+from kvpool.simulate import ReplayResult, finish_plot, load_pyplot
 from kvpool.traces import Trace
 
 __all__ = ["policies_table", "save_policies_plot"]
@@ -57,14 +57,5 @@ def save_policies_plot(results: Sequence[ReplayResult], path: str) -> None:
     if ceiling is not None:
         ax.axhline(ceiling.block_hit_ratio, color="grey", linestyle=":", label="unbounded cache")
     xs = [r.capacity_blocks for r in results if r.capacity_blocks is not None]
-    if xs and max(xs) / min(xs) >= 10:
-        ax.set_xscale("log")
-    ax.set_xlabel("capacity (blocks)")
-    ax.set_ylabel("block hit ratio")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"eviction policies: {results[0].trace}" if results else "eviction policies")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    title = f"eviction policies: {results[0].trace}" if results else "eviction policies"
+    finish_plot(plt, fig, ax, xs, "block hit ratio", title, path)

@@ -16,7 +16,7 @@ use super::convert::{
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
-use super::eviction_args::{clock_arg, eviction_arg, opt_seconds_arg, PriorityArg};
+use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::hash_slice_of;
 use super::locking::with_lock;
 use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
@@ -118,6 +118,7 @@ impl PyBlockPool {
             opt_bool_arg(obj, what, default)
         };
         let num_blocks = int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32;
+        let policy = PolicyArgs::extract(py, num_blocks, eviction, max_pinned_blocks, clock)?;
         let config = PoolConfig {
             num_blocks,
             enable_caching: flag(enable_caching, "enable_caching", true)?,
@@ -128,15 +129,9 @@ impl PyBlockPool {
             hash_width: opt_int_arg(hash_width, "hash_width", 1, pool::MAX_HASH_WIDTH as i64)?
                 .map(|w| w as usize),
             max_pending_events: max_pending_events_arg(max_pending_events)?,
-            eviction: eviction_arg(py, eviction)?,
-            manual_clock: clock_arg(py, clock)?,
-            max_pinned_blocks: opt_int_arg(
-                max_pinned_blocks,
-                "max_pinned_blocks",
-                0,
-                num_blocks as i64,
-            )?
-            .map_or(num_blocks / 4, |n| n as u32),
+            eviction: policy.eviction,
+            manual_clock: policy.manual_clock,
+            max_pinned_blocks: policy.max_pinned_blocks.unwrap_or(num_blocks / 4),
         };
         let inner = pool::BlockPool::new(config.clone()).py_err(py)?;
         Ok(Self {
@@ -433,9 +428,8 @@ impl PyBlockPool {
         block_hashes: &Bound<'_, PyAny>,
         group_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
-        let hashes = FlatHashes::extract(block_hashes)?;
-        self.with_pool(py, |pool| pool.pin_prefix(hashes.slice(), group))
+        let chain = ChainArg::extract(block_hashes, group_id)?;
+        self.with_pool(py, |pool| pool.pin_prefix(chain.hashes(), chain.group))
             .py_err(py)
     }
 
@@ -448,9 +442,8 @@ impl PyBlockPool {
         block_hashes: &Bound<'_, PyAny>,
         group_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
-        let hashes = FlatHashes::extract(block_hashes)?;
-        self.with_pool(py, |pool| pool.unpin_prefix(hashes.slice(), group))
+        let chain = ChainArg::extract(block_hashes, group_id)?;
+        self.with_pool(py, |pool| pool.unpin_prefix(chain.hashes(), chain.group))
             .py_err(py)
     }
 
@@ -748,5 +741,31 @@ impl PyBlockPool {
             ));
         }
         Ok(id as u32)
+    }
+}
+
+/// A hash chain in a group, as ``pin_prefix`` and ``unpin_prefix`` take it.
+pub struct ChainArg {
+    flat: FlatHashes,
+    /// The KV-cache group.
+    pub group: u32,
+}
+
+impl ChainArg {
+    /// ``block_hashes`` and ``group_id=`` (default 0).
+    pub fn extract(
+        block_hashes: &Bound<'_, PyAny>,
+        group_id: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+        Ok(Self {
+            flat: FlatHashes::extract(block_hashes)?,
+            group,
+        })
+    }
+
+    /// The chain's hashes.
+    pub fn hashes(&self) -> HashSlice<'_> {
+        self.flat.slice()
     }
 }

@@ -8,6 +8,41 @@ use super::convert::{opt_int_arg, opt_str_arg, type_name};
 use super::errors::{error, ErrorKind};
 use crate::pool::{BlockPriority, EvictionPolicy, MAX_PRIORITY};
 
+/// The constructor arguments a pool and a manager share: ``eviction=``,
+/// ``max_pinned_blocks=`` and ``clock=``.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyArgs {
+    /// The eviction policy.
+    pub eviction: EvictionPolicy,
+    /// The pin budget, when given (``0..=num_blocks``).
+    pub max_pinned_blocks: Option<u32>,
+    /// Whether the clock is manual.
+    pub manual_clock: bool,
+}
+
+impl PolicyArgs {
+    /// Checks the three arguments for a pool of `num_blocks`.
+    pub fn extract(
+        py: Python<'_>,
+        num_blocks: u32,
+        eviction: Option<&Bound<'_, PyAny>>,
+        max_pinned_blocks: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            eviction: eviction_arg(py, eviction)?,
+            max_pinned_blocks: opt_int_arg(
+                max_pinned_blocks,
+                "max_pinned_blocks",
+                0,
+                i64::from(num_blocks),
+            )?
+            .map(|n| n as u32),
+            manual_clock: clock_arg(py, clock)?,
+        })
+    }
+}
+
 /// The ``eviction=`` argument: ``"lru"`` (default), ``"priority"`` or ``"adaptive"``.
 pub fn eviction_arg(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<EvictionPolicy> {
     match opt_str_arg(obj, "eviction")? {

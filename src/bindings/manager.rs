@@ -12,7 +12,7 @@ use super::convert::{
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
-use super::eviction_args::{clock_arg, eviction_arg, opt_seconds_arg, PriorityArg};
+use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
 use super::locking::{with_detached, with_lock};
 use super::requests::{request_id, request_ids};
@@ -245,6 +245,7 @@ impl PyKVCacheManager {
         clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_blocks = int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32;
+        let policy = PolicyArgs::extract(py, num_blocks, eviction, max_pinned_blocks, clock)?;
         let config = ManagerConfig {
             num_blocks,
             block_size: int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32,
@@ -257,15 +258,9 @@ impl PyKVCacheManager {
                 .map(|m| m as usize),
             stats_window: opt_int_arg(stats_window, "stats_window", 0, 1 << 32)?.unwrap_or(1000)
                 as usize,
-            eviction: eviction_arg(py, eviction)?,
-            manual_clock: clock_arg(py, clock)?,
-            max_pinned_blocks: opt_int_arg(
-                max_pinned_blocks,
-                "max_pinned_blocks",
-                0,
-                num_blocks as i64,
-            )?
-            .map(|n| n as u32),
+            eviction: policy.eviction,
+            manual_clock: policy.manual_clock,
+            max_pinned_blocks: policy.max_pinned_blocks,
         };
         let (num_blocks, enable_caching) = (config.num_blocks, config.enable_caching);
         let inner = KVCacheManager::new(config).py_err(py)?;
