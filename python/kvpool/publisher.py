@@ -171,11 +171,12 @@ class ZmqPublisher:
             first = int.from_bytes(start, "big")
             with self._lock:
                 held = [item for item in self._buffer if item[0] >= first]
+                # Counted before the answer leaves: a client that has read the end marker
+                # sees its replay in stats().
+                self._replays += 1
             for seq, payload in held:
                 self._replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
             self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
-            with self._lock:
-                self._replays += 1
 
 
 class EventListener:
