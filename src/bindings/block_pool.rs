@@ -522,7 +522,7 @@ impl PyBlockPool {
                 .py_err(py);
         }
         match block_hash.extract::<u64>() {
-            Ok(id) if !block_hash.is_instance_of::<pyo3::types::PyBool>() => self
+            Ok(id) if !super::convert::is_bool_like(block_hash) => self
                 .with_pool(py, |pool| pool.get_cached_block(&id.to_be_bytes(), group))
                 .py_err(py),
             _ => Err(error(

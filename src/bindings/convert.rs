@@ -18,11 +18,25 @@ use pyo3::types::{
 use super::errors::{error, ErrorKind};
 use crate::pool::first_out_of_range;
 
+/// True for Python's `bool` and numpy's bool scalar (which numpy before 2.3 lets pass
+/// as an index, with a warning): flags, never ids or counts. A plain `int` is settled
+/// first, so the common case costs one type check.
+pub fn is_bool_like(obj: &Bound<'_, PyAny>) -> bool {
+    if obj.is_exact_instance_of::<PyInt>() {
+        return false;
+    }
+    obj.is_instance_of::<PyBool>()
+        || obj.get_type().fully_qualified_name().is_ok_and(|name| {
+            name.to_str()
+                .is_ok_and(|n| n == "numpy.bool" || n == "numpy.bool_")
+        })
+}
+
 /// `obj` as a Python int in `min..=max`; a non-int is a `DtypeError`, out of range an
 /// `InvalidArgumentError` naming `what`.
 pub fn int_arg(obj: &Bound<'_, PyAny>, what: &str, min: i64, max: i64) -> PyResult<i64> {
     let py = obj.py();
-    if obj.is_instance_of::<PyBool>() {
+    if is_bool_like(obj) {
         return Err(error(
             py,
             ErrorKind::Dtype,
@@ -156,8 +170,14 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         out.reserve(tuple.len());
+        // The stable ABI has no borrowed view of a tuple's items.
+        #[cfg(not(feature = "abi3"))]
         for item in tuple.as_slice() {
             out.push(plain_int(item).map_or_else(|| item_i64(item, obj, what), Ok)?);
+        }
+        #[cfg(feature = "abi3")]
+        for item in tuple.iter() {
+            out.push(plain_int(&item).map_or_else(|| item_i64(&item, obj, what), Ok)?);
         }
         return Ok(());
     }
@@ -251,7 +271,7 @@ fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -
     // Plain ints (and numpy ints, via __index__) succeed at once; bools are ints to
     // Python but never ids or counts; floats and str have no __index__, so they fail
     // and are classified below.
-    if !item.is_exact_instance_of::<PyInt>() && item.is_instance_of::<PyBool>() {
+    if is_bool_like(item) {
         return Err(dtype_error(container, what));
     }
     match item.extract::<i64>() {

@@ -170,7 +170,7 @@ pub(super) fn per_request_counts(
     if let Some(v) = obj
         .extract::<i64>()
         .ok()
-        .filter(|_| !obj.is_instance_of::<pyo3::types::PyBool>())
+        .filter(|_| !super::convert::is_bool_like(obj))
     {
         if v < 0 {
             return Err(error(

@@ -1,7 +1,7 @@
 //! Request ids from Python: `str` or `int`.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyString};
+use pyo3::types::PyString;
 
 use super::convert::{type_name, utf8_str};
 use super::errors::{error, ErrorKind};
@@ -17,7 +17,7 @@ pub fn request_key<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<RequestKey<'a>> {
     if let Ok(s) = obj.cast::<PyString>() {
         return Ok(RequestKey::Str(utf8_str(s, "a request id")?));
     }
-    if !obj.is_instance_of::<PyBool>() {
+    if !super::convert::is_bool_like(obj) {
         if let Ok(i) = obj.extract::<i64>() {
             return Ok(RequestKey::Int(i));
         }
