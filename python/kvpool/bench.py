@@ -40,6 +40,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool.simulate import HashInput, Impl, PoolLike, prepare_hashes, replay, truncate
 from kvpool.traces import Trace
@@ -346,7 +347,7 @@ CH_KEY_SHAPES = ("sha256", "int32-be", "int32-le", "one-key")
 """Key shapes of the churn's extra rows (the default rows use 8-byte integer ids)."""
 
 
-def churn_keys(shape: str, ids: np.ndarray) -> list[bytes]:
+def churn_keys(shape: str, ids: npt.NDArray[Any]) -> list[bytes]:
     """One batch's keys of ``shape`` for the integer ``ids``: SHA-256 digests of them, 32-byte
     big- or little-endian integers, or one fixed key for every block."""
     if shape == "sha256":

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvpool._errors import (
     BlockStateError,
@@ -324,7 +325,7 @@ class BlockPool:
 
     # -- allocation ---------------------------------------------------------------------------
 
-    def get_new_blocks(self, num_blocks: int) -> np.ndarray:
+    def get_new_blocks(self, num_blocks: int) -> npt.NDArray[Any]:
         """Allocate ``num_blocks`` blocks from the head of the free queue; return their ids (int32).
 
         A popped block that still holds a hash is evicted from the prefix cache first (one
@@ -339,7 +340,7 @@ class BlockPool:
             raise NoFreeBlocksError(f"asked for {n} blocks, {len(self._free_queue)} are free")
         return np.array(self._allocate(n), dtype=np.int32)
 
-    def get_new_blocks_many(self, counts: Any) -> tuple[np.ndarray, np.ndarray]:
+    def get_new_blocks_many(self, counts: Any) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """Allocate ``counts[i]`` blocks for each ``i`` in order, as ``get_new_blocks`` would.
 
         Returns ``(ids, offsets)``: all new ids flat (int32) and int64 offsets of length
@@ -570,7 +571,7 @@ class BlockPool:
         *,
         group_id: int = 0,
         max_blocks: int | None = None,
-    ) -> np.ndarray:
+    ) -> npt.NDArray[Any]:
         """The cached blocks of the longest prefix of ``block_hashes[:max_blocks]`` (int32 ids).
 
         Scans from the start and stops at the first hash with no cached block. Every hash given
@@ -673,7 +674,7 @@ class BlockPool:
 
     # -- introspection ------------------------------------------------------------------------
 
-    def free_block_ids(self) -> np.ndarray:
+    def free_block_ids(self) -> npt.NDArray[Any]:
         """The free queue's block ids from head (next allocated) to tail (int32)."""
         if self._policy is not None:
             self._policy.apply_expiries()
@@ -763,7 +764,7 @@ class BlockPool:
         """Number of pinned blocks."""
         return len(self._pins)
 
-    def pinned_block_ids(self) -> np.ndarray:
+    def pinned_block_ids(self) -> npt.NDArray[Any]:
         """The pinned blocks' ids, ascending (int32)."""
         return np.array(sorted(self._pins), dtype=np.int32)
 
@@ -771,7 +772,7 @@ class BlockPool:
         """The reference count of one block (``InvalidBlockIdError`` if out of range)."""
         return self._ref_counts[self._as_block_id(block_id)]
 
-    def ref_counts(self) -> np.ndarray:
+    def ref_counts(self) -> npt.NDArray[Any]:
         """The reference counts of all blocks, indexed by block id (int32)."""
         return np.array(self._ref_counts, dtype=np.int32)
 

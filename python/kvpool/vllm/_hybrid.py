@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_coordinator import _validate_prefix_cache_retention_interval as _validate_retention
@@ -75,7 +76,7 @@ class GroupBlocks(KVCacheBlocks):  # type: ignore[misc]
     """vLLM's ``KVCacheBlocks`` over kvpool ids, one int32 array per group; ``blocks[g]``
     views group ``g``'s as blocks."""
 
-    def __init__(self, pool: kvpool.BlockPool, groups: tuple[np.ndarray, ...]) -> None:  # noqa: D107
+    def __init__(self, pool: kvpool.BlockPool, groups: tuple[npt.NDArray[Any], ...]) -> None:  # noqa: D107
         self.groups = groups
         self._pool = pool
 

@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 import vllm.v1.core.kv_cache_manager as _vllm_kvm
 from vllm.distributed.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
@@ -315,7 +316,7 @@ class KVCacheManager(ManagerCommon):
 
     # -- reads -------------------------------------------------------------------------------
 
-    def _blocks(self, ids: np.ndarray) -> KVCacheBlocks:
+    def _blocks(self, ids: npt.NDArray[Any]) -> KVCacheBlocks:
         return KvpoolBlocks(self._pool, ids) if len(ids) else self.empty_kv_cache_blocks
 
     def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
@@ -75,7 +76,7 @@ class BlockList(Sequence[BlockView]):
 
     __slots__ = ("_pool", "ids")
 
-    def __init__(self, pool: kvpool.BlockPool, ids: np.ndarray) -> None:
+    def __init__(self, pool: kvpool.BlockPool, ids: npt.NDArray[Any]) -> None:
         self._pool = pool
         self.ids = ids
 
@@ -109,7 +110,7 @@ class KvpoolBlocks(KVCacheBlocks):  # type: ignore[misc]
     """vLLM's ``KVCacheBlocks`` over kvpool ids (one group): ``get_block_ids()`` hands the
     ids over directly; ``blocks[0]`` views them as blocks."""
 
-    def __init__(self, pool: kvpool.BlockPool, ids: np.ndarray) -> None:  # noqa: D107
+    def __init__(self, pool: kvpool.BlockPool, ids: npt.NDArray[Any]) -> None:  # noqa: D107
         self.ids = ids
         self._pool = pool
 
