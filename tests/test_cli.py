@@ -313,3 +313,24 @@ def test_simulate_policies_side_by_side(capsys: pytest.CaptureFixture[str], hand
 def test_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
     status, _, err = run(capsys, "simulate", str(hand_trace), "--policy", "lfu")
     assert status == 2 and "invalid choice" in err
+
+
+@needs_core
+def test_a_capacity_beyond_the_trace_replays_as_unbounded(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    """A huge capacity is clamped to what the trace can fill: the unbounded counts, no huge pool."""
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--capacity-blocks", "2147483647", "--unbounded",
+                         "--json", "--quiet")
+    assert status == 0
+    huge, unbounded = json_lines(out)
+    assert huge["capacity_blocks"] == 2147483647
+    assert (huge["hit_blocks"], huge["evictions"]) == (unbounded["hit_blocks"], unbounded["evictions"]) == (8, 0)
+
+
+@needs_core
+@pytest.mark.parametrize("bad", ["plot.txt", "no/such/dir/plot.png"])
+def test_a_bad_plot_path_fails_before_any_replay(capsys: pytest.CaptureFixture[str], hand_trace: Path,
+                                                  tmp_path: Path, bad: str) -> None:
+    pytest.importorskip("matplotlib")
+    for extra in ([], ["--policy", "lru", "adaptive"]):
+        status, out, err = run(capsys, "simulate", str(hand_trace), "--plot", str(tmp_path / bad), "--quiet", *extra)
+        assert status == 2 and out == "" and "--plot" in err

@@ -38,6 +38,7 @@ from kvpool.simulate import (
     default_sweep,
     get_impl,
     load_pyplot,
+    plot_path_problem,
     save_plot,
     simulate,
 )
@@ -146,11 +147,15 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     bench = commands.add_parser(
         "bench",
         help="benchmark kvpool against its plain-Python reference",
-        description="Run fixed workloads (the vLLM peer's W1..W4) through kvpool and "
-        "kvpool.reference; ratio = how many times faster kvpool is.",
+        description="Run four fixed workloads through kvpool and kvpool.reference: serve-random "
+        "(allocate and free 44-block requests, caching off), prefix-warmup (32 requests sharing a "
+        "1,000-token prefix, cold then warm), churn (allocate, cache and free 64 blocks in a "
+        "100,000-block pool, first without and then with eviction) and trace-replay (a Mooncake "
+        "trace in 20,000 blocks); ratio = how many times faster kvpool is. They are the workloads "
+        "W1-W4 of the shared vLLM peer benchmark, so figures compare with vLLM's.",
     )
     bench.add_argument("--only", metavar="NAMES",
-                       help=f"comma list of workloads: {', '.join(WORKLOADS)} (or W1..W4); default all")
+                       help=f"comma list of workloads: {', '.join(WORKLOADS)} (or W1..W4, in that order); default all")
     bench.add_argument("--reps", type=_positive_int, default=DEFAULT_REPS, metavar="N",
                        help=f"timed runs per figure, median reported (default {DEFAULT_REPS})")
     bench.add_argument("--json", action="store_true", help="print one JSON object per workload")
@@ -255,7 +260,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.policy:
         return _simulate_policies(args)
     if args.plot:
-        load_pyplot()  # fail before the replay, not after it, if matplotlib is missing
+        _check_plot(args.plot)
     trace = load_trace(args.trace)
     capacities = _capacities(args, trace)
     bars: list[Progress] = []
@@ -281,10 +286,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_plot(path: str) -> None:
+    """Fail before the replay, not after it, if matplotlib is missing or ``path`` cannot take a plot."""
+    load_pyplot()
+    problem = plot_path_problem(path)
+    if problem is not None:
+        raise CliError(f"--plot {problem}")
+
+
 def _simulate_policies(args: argparse.Namespace) -> int:
     """``kvpool simulate --policy ...``: each policy and Belady's MIN at each capacity."""
     if args.plot:
-        load_pyplot()
+        _check_plot(args.plot)
     trace = load_trace(args.trace)
     capacities = _capacities(args, trace)
     policies = list(dict.fromkeys(args.policy))

@@ -35,9 +35,11 @@ from __future__ import annotations
 import gc
 import importlib
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -58,6 +60,7 @@ __all__ = [
     "default_sweep",
     "get_impl",
     "load_pyplot",
+    "plot_path_problem",
     "finish_plot",
     "prepare_hashes",
     "replay",
@@ -266,7 +269,9 @@ def simulate_one(
     if block_tokens < 1:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
     impl = impl or get_impl("kvpool")
-    usable = unbounded_capacity(trace) if capacity is None else capacity
+    # A capacity beyond what the trace can fill replays like the unbounded pool: clamped,
+    # the counts are the same and the pool is no larger than the trace needs.
+    usable = unbounded_capacity(trace) if capacity is None else min(capacity, unbounded_capacity(trace))
     requests = truncate(prepare_hashes(trace, impl) if hashes is None else hashes, usable)
     if policy == "lru":  # the call as it always was: builds without the eviction argument work too
         pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens)
@@ -360,6 +365,23 @@ def load_pyplot() -> ModuleType:
         ) from None
     matplotlib.use("Agg")
     return importlib.import_module("matplotlib.pyplot")
+
+
+def plot_path_problem(path: str) -> str | None:
+    """Why a plot cannot be written to ``path`` (an unknown image format, a missing or read-only
+    directory), checked before any replay runs; ``None`` when it can (needs matplotlib)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in formats:
+        return f"{path!r}: the file name must end in an image format ({', '.join('.' + f for f in sorted(formats))})"
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        return f"{path!r}: directory {str(parent)!r} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"{path!r}: directory {str(parent)!r} is not writable"
+    return None
 
 
 def save_plot(results: Sequence[ReplayResult], path: str) -> None:

@@ -18,7 +18,7 @@ import math
 import time
 from collections import defaultdict
 
-from kvpool.simulate import ReplayResult, replay_result
+from kvpool.simulate import ReplayResult, replay_result, unbounded_capacity
 from kvpool.traces import MOONCAKE_BLOCK_TOKENS, Trace
 
 __all__ = ["belady_hits", "simulate_belady"]
@@ -87,9 +87,10 @@ def simulate_belady(
     """Replay ``trace`` in a pool of ``capacity`` usable blocks under Belady's MIN (``policy="belady"``)."""
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1 block, got {capacity}")
-    requests = [[int(h) for h in ids[:capacity]] for ids in trace.hash_ids]
+    usable = min(capacity, unbounded_capacity(trace))  # as simulate_one clamps it
+    requests = [[int(h) for h in ids[:usable]] for ids in trace.hash_ids]
     t0 = time.perf_counter()
-    hits, cached_at_end = belady_hits(requests, capacity)
+    hits, cached_at_end = belady_hits(requests, usable)
     seconds = time.perf_counter() - t0
     evictions = sum(len(r) for r in requests) - sum(hits) - cached_at_end
     return replay_result(trace, capacity, hits, block_tokens=block_tokens, evictions=evictions, seconds=seconds,
