@@ -407,6 +407,26 @@ def test_max_model_len_caps_slots(Manager: Any) -> None:
     assert ids(m.get_block_ids("a")) == [1, 2, 3] and m.get_num_free_blocks() == 6
 
 
+def test_max_model_len_bounds_every_request(Manager: Any) -> None:
+    """No request is ever longer than max_model_len: a longer prompt or an append past it is an
+    InvalidArgumentError and changes nothing; a batched append checks every segment first."""
+    m = Manager(10, 4, max_model_len=10)
+    with pytest.raises(InvalidArgumentError, match="max_model_len"):
+        m.add_request("long", list(range(11)))
+    assert "long" not in m.request_ids()
+    m.add_request("a", list(range(8)))
+    m.add_request("b", list(range(10)))
+    with pytest.raises(InvalidArgumentError, match="max_model_len"):
+        m.append_token_ids("a", [1, 2, 3])
+    with pytest.raises(InvalidArgumentError, match="max_model_len"):
+        m.append_token_ids_many(["a", "a"], [1, 2, 3], [0, 2, 3])  # 8 + 2 + 1 > 10
+    with pytest.raises(InvalidArgumentError, match="max_model_len"):
+        m.append_token_ids_many(["a", "b"], [1, 2])  # "b" is full
+    assert (m.get_num_tokens("a"), m.get_num_tokens("b")) == (8, 10)
+    m.append_token_ids_many(["a", "a"], [1, 2], [0, 1, 2])
+    assert m.get_num_tokens("a") == 10
+
+
 def test_stats(Manager: Any) -> None:
     m = Manager(20, 4, stats_window=2)
     m.add_request("a", PROMPT)

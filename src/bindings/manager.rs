@@ -18,8 +18,8 @@ use super::locking::{with_detached, with_lock};
 use super::requests::{request_id, request_ids};
 use super::tracker::segments;
 use crate::pool::{
-    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, StepOutcome, StepRequest, TokenIds,
-    MAX_BLOCKS,
+    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, RequestId, StepOutcome, StepRequest,
+    TokenIds, MAX_BLOCKS,
 };
 
 /// The block manager a scheduler calls per request (vLLM's ``KVCacheManager``
@@ -340,6 +340,20 @@ impl PyKVCacheManager {
         }
     }
 
+    fn __repr__(&self, py: Python<'_>) -> String {
+        self.with_manager(py, |m| {
+            format!(
+                "KVCacheManager(num_blocks={}, block_size={}, requests={}, free={}, enable_caching={}, eviction={:?})",
+                self.num_blocks,
+                m.block_size(),
+                m.num_requests(),
+                m.pool().num_free_blocks(),
+                if self.enable_caching { "True" } else { "False" },
+                m.pool().eviction_policy().name()
+            )
+        })
+    }
+
     /// Pin the cached full blocks of ``token_ids`` (a system prompt, hashed as a
     /// request without extra keys): they are never evicted until unpinned. Returns
     /// the blocks of its longest cached prefix. Raises ``PinBudgetError`` (nothing
@@ -500,8 +514,13 @@ impl PyKVCacheManager {
         let (tokens, cuts) = segments(py, token_ids, offsets, ids.len())?;
         let keeps_tokens = self.enable_caching; // token ids are read only with caching
         self.with_manager(py, |manager| {
-            for id in &ids {
-                manager.num_tokens(id)?;
+            // Every request known and within max_model_len (a request named twice counts
+            // both segments) before anything is appended.
+            let mut more: hashbrown::HashMap<&RequestId, usize> = hashbrown::HashMap::new();
+            for (id, w) in ids.iter().zip(cuts.windows(2)) {
+                let n = more.entry(id).or_default();
+                *n += w[1] - w[0];
+                manager.check_room(id, *n)?;
             }
             for (id, w) in ids.iter().zip(cuts.windows(2)) {
                 let segment = &tokens[w[0]..w[1]];

@@ -210,6 +210,13 @@ impl KVCacheManager {
                 "a request needs at least one prompt token".into(),
             ));
         }
+        if prompt.len() > self.max_model_len {
+            return Err(PoolError::InvalidArgument(format!(
+                "the prompt has {} tokens, more than max_model_len ({})",
+                prompt.len(),
+                self.max_model_len
+            )));
+        }
         let seq = self.hasher.new_sequence(prompt, extras)?;
         let request = Request {
             seq,
@@ -252,9 +259,23 @@ impl KVCacheManager {
     }
 
     /// Appends generated (or newly known) token ids to a request.
+    /// A request never grows beyond `max_model_len` tokens (an `Err`, and no change).
     pub fn append_token_ids(&mut self, id: &RequestId, tokens: TokenIds<'_>) -> PoolResult<()> {
+        self.check_room(id, tokens.len())?;
         let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
         self.hasher.append_tokens(&mut request.seq, tokens)?;
+        Ok(())
+    }
+
+    /// Whether request `id` can take `more` tokens within `max_model_len`.
+    pub fn check_room(&self, id: &RequestId, more: usize) -> PoolResult<()> {
+        let total = self.request(id)?.seq.num_tokens().saturating_add(more);
+        if total > self.max_model_len {
+            return Err(PoolError::InvalidArgument(format!(
+                "appending {more} tokens would make request {id} {total} tokens long, more than max_model_len ({})",
+                self.max_model_len
+            )));
+        }
         Ok(())
     }
 

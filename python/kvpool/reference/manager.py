@@ -255,6 +255,10 @@ class KVCacheManager:
             raise DuplicateRequestError(f"request id {rid!r} is already tracked")
         if not tokens:
             raise InvalidArgumentError("a request needs at least one prompt token")
+        if self._max_model_len is not None and len(tokens) > self._max_model_len:
+            raise InvalidArgumentError(
+                f"the prompt has {len(tokens)} tokens, more than max_model_len ({self._max_model_len})"
+            )
         self._requests[rid] = _Request(
             tokens=tokens,
             extras=extras,
@@ -302,7 +306,18 @@ class KVCacheManager:
         """Append generated (or newly known) tokens; the blocks they fill get hashed."""
         rid = as_request_id(request_id)
         tokens = self._token_ids(token_ids, "token_ids")
-        self._append(self._get(rid), tokens)
+        request = self._get(rid)
+        self._check_room(rid, request, len(tokens))
+        self._append(request, tokens)
+
+    def _check_room(self, rid: RequestId, request: _Request, more: int) -> None:
+        """A request never grows beyond ``max_model_len`` tokens (``InvalidArgumentError``)."""
+        total = len(request.tokens) + more
+        if self._max_model_len is not None and total > self._max_model_len:
+            raise InvalidArgumentError(
+                f"appending {more} tokens would make request {rid!r} {total} tokens long, "
+                f"more than max_model_len ({self._max_model_len})"
+            )
 
     def _token_ids(self, values: Any, name: str) -> list[int]:
         """Token ids as the manager takes them: checked and kept with prefix caching on;
@@ -318,6 +333,10 @@ class KVCacheManager:
         rids = as_request_ids(request_ids)
         tokens, cuts = as_segments(token_ids, offsets, len(rids))
         requests = [self._get(rid) for rid in rids]
+        more: dict[RequestId, int] = {}
+        for rid, request, start, end in zip(rids, requests, cuts, cuts[1:]):
+            more[rid] = more.get(rid, 0) + end - start
+            self._check_room(rid, request, more[rid])
         for request, start, end in zip(requests, cuts, cuts[1:]):
             self._append(request, tokens[start:end])
 
