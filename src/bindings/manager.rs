@@ -514,8 +514,11 @@ impl PyKVCacheManager {
         let (tokens, cuts) = segments(py, token_ids, offsets, ids.len())?;
         let keeps_tokens = self.enable_caching; // token ids are read only with caching
         self.with_manager(py, |manager| {
-            // Every request known and within max_model_len (a request named twice counts
-            // both segments) before anything is appended.
+            // Every request known, then every one within max_model_len (a request named
+            // twice counts both segments), before anything is appended.
+            for id in &ids {
+                manager.num_tokens(id)?;
+            }
             let mut more: hashbrown::HashMap<&RequestId, usize> = hashbrown::HashMap::new();
             for (id, w) in ids.iter().zip(cuts.windows(2)) {
                 let n = more.entry(id).or_default();
@@ -694,7 +697,8 @@ impl PyKVCacheManager {
         stats_to_py(py, &stats)
     }
 
-    /// Prefix-cache statistics over the last ``stats_window`` lookups.
+    /// Prefix-cache statistics over the last ``stats_window`` admitted requests (new
+    /// ones, and resumed preempted ones in the ``preempted_*`` fields).
     #[getter]
     fn recent_prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let stats = self.with_manager(py, |m| m.recent_prefix_cache_stats());

@@ -36,12 +36,13 @@ impl PrefixCacheStats {
 #[derive(Debug, Default)]
 pub(super) struct StatsRecorder {
     pub(super) all: PrefixCacheStats,
-    window: VecDeque<(u64, u64)>,
+    /// `(queries, hits, resumed)` of the last `window_len` admitted requests.
+    window: VecDeque<(u64, u64, bool)>,
     window_len: usize,
 }
 
 impl StatsRecorder {
-    /// Empty statistics with a window over the last `window_len` requests.
+    /// Empty statistics with a window over the last `window_len` admitted requests.
     pub(super) fn new(window_len: usize) -> Self {
         Self {
             window_len,
@@ -51,6 +52,12 @@ impl StatsRecorder {
 
     /// Counts an admitted request; a resumed (preempted) one apart, as vLLM does.
     pub(super) fn record(&mut self, queries: u64, hits: u64, preempted: bool) {
+        if self.window_len > 0 {
+            if self.window.len() == self.window_len {
+                self.window.pop_front();
+            }
+            self.window.push_back((queries, hits, preempted));
+        }
         if preempted {
             self.all.preempted_requests += 1;
             self.all.preempted_queries += queries;
@@ -60,22 +67,21 @@ impl StatsRecorder {
         self.all.requests += 1;
         self.all.queries += queries;
         self.all.hits += hits;
-        if self.window_len > 0 {
-            if self.window.len() == self.window_len {
-                self.window.pop_front();
-            }
-            self.window.push_back((queries, hits));
-        }
     }
 
+    /// The statistics of the window: new and resumed requests, each in their fields.
     pub(super) fn recent(&self) -> PrefixCacheStats {
-        let mut s = PrefixCacheStats {
-            requests: self.window.len() as u64,
-            ..Default::default()
-        };
-        for &(q, h) in &self.window {
-            s.queries += q;
-            s.hits += h;
+        let mut s = PrefixCacheStats::default();
+        for &(q, h, resumed) in &self.window {
+            if resumed {
+                s.preempted_requests += 1;
+                s.preempted_queries += q;
+                s.preempted_hits += h;
+            } else {
+                s.requests += 1;
+                s.queries += q;
+                s.hits += h;
+            }
         }
         s
     }

@@ -147,7 +147,7 @@ class KVCacheManager:
         ``eviction``, ``max_pinned_blocks`` and ``clock`` go to the pool (``BlockPool``).
 
         Defaults: caching on, ``sha256_cbor``, seed ``"vllm-none-hash"``, events off, no
-        ``max_model_len``, statistics window of 1000 lookups, at most 1,000,000 queued events.
+        ``max_model_len``, statistics window of the last 1000 admitted requests, at most 1,000,000 queued events.
         """
         num_blocks = as_int_arg(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
         block_size = as_int_arg(block_size, "block_size", 1, MAX_BLOCK_SIZE)
@@ -177,7 +177,7 @@ class KVCacheManager:
         self._requests: dict[RequestId, _Request] = {}
         self._stats = PrefixCacheStats(0, 0, 0, 0)
         self._window_len = DEFAULT_STATS_WINDOW if window is None else window
-        self._window: deque[tuple[int, int]] = deque()  # (queries, hits) of recent lookups
+        self._window: deque[tuple[int, int, bool]] = deque()  # (queries, hits, resumed) of recent admissions
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -415,6 +415,10 @@ class KVCacheManager:
     def _record(self, queries: int, hits: int, preempted: bool) -> None:
         """Count an admitted request (vLLM 0.33 records at admission), resumed ones apart."""
         s = self._stats
+        if self._window_len > 0:
+            if len(self._window) == self._window_len:
+                self._window.popleft()
+            self._window.append((queries, hits, preempted))
         if preempted:
             self._stats = PrefixCacheStats(
                 s.requests, s.queries, s.hits,
@@ -431,10 +435,6 @@ class KVCacheManager:
             preempted_queries=s.preempted_queries,
             preempted_hits=s.preempted_hits,
         )
-        if self._window_len > 0:
-            if len(self._window) == self._window_len:
-                self._window.popleft()
-            self._window.append((queries, hits))
 
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
@@ -443,11 +443,17 @@ class KVCacheManager:
 
     @property
     def recent_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Statistics over the last ``stats_window`` lookups (``preempted_requests`` is 0)."""
+        """Statistics over the last ``stats_window`` admitted requests, new ones and resumed
+        (preempted) ones each in their fields."""
+        new = [(q, h) for q, h, resumed in self._window if not resumed]
+        old = [(q, h) for q, h, resumed in self._window if resumed]
         return PrefixCacheStats(
-            requests=len(self._window),
-            queries=sum(q for q, _ in self._window),
-            hits=sum(h for _, h in self._window),
+            requests=len(new),
+            queries=sum(q for q, _ in new),
+            hits=sum(h for _, h in new),
+            preempted_requests=len(old),
+            preempted_queries=sum(q for q, _ in old),
+            preempted_hits=sum(h for _, h in old),
         )
 
     # -- allocation ---------------------------------------------------------------------------
