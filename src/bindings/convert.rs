@@ -48,13 +48,14 @@ pub fn int_arg(obj: &Bound<'_, PyAny>, what: &str, min: i64, max: i64) -> PyResu
         Ok(v) => Err(error(
             py,
             ErrorKind::InvalidArgument,
-            format!("{what} must be in {min}..={max}, got {v}"),
+            format!("{what} must be {}, got {v}", range_text(min, max)),
         )),
         Err(e) if e.is_instance_of::<PyOverflowError>(py) => Err(error(
             py,
             ErrorKind::InvalidArgument,
             format!(
-                "{what} must be in {min}..={max}, got {}",
+                "{what} must be {}, got {}",
+                range_text(min, max),
                 obj.str().map(|s| s.to_string()).unwrap_or_default()
             ),
         )),
@@ -63,6 +64,15 @@ pub fn int_arg(obj: &Bound<'_, PyAny>, what: &str, min: i64, max: i64) -> PyResu
             ErrorKind::Dtype,
             format!("{what} must be an int, got {}", type_name(obj)),
         )),
+    }
+}
+
+/// The range `min..=max` in words: ">= 0", "an int64", "between 1 and 100".
+pub fn range_text(min: i64, max: i64) -> String {
+    match (min, max) {
+        (i64::MIN, i64::MAX) => "an int64".to_owned(),
+        (min, i64::MAX) => format!(">= {min}"),
+        (min, max) => format!("between {min} and {max}"),
     }
 }
 

@@ -165,7 +165,7 @@ impl BlockPool {
     pub fn new(config: PoolConfig) -> PoolResult<Self> {
         if config.num_blocks == 0 || config.num_blocks > MAX_BLOCKS {
             return Err(PoolError::InvalidArgument(format!(
-                "num_blocks must be in 1..={MAX_BLOCKS}, got {}",
+                "num_blocks must be between 1 and {MAX_BLOCKS}, got {}",
                 config.num_blocks
             )));
         }
@@ -182,7 +182,7 @@ impl BlockPool {
         if let Some(w) = config.hash_width {
             if w == 0 || w > MAX_HASH_WIDTH {
                 return Err(PoolError::InvalidArgument(format!(
-                    "hash_width must be in 1..={MAX_HASH_WIDTH}, got {w}"
+                    "hash_width must be between 1 and {MAX_HASH_WIDTH}, got {w}"
                 )));
             }
         }

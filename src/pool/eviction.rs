@@ -123,7 +123,7 @@ impl BlockPriority {
     pub fn new(priority: i64, duration_s: Option<f64>, now: f64) -> PoolResult<Self> {
         if !(0..=i64::from(MAX_PRIORITY)).contains(&priority) {
             return Err(PoolError::InvalidArgument(format!(
-                "priority must be in 0..={MAX_PRIORITY}, got {priority}"
+                "priority must be between 0 and {MAX_PRIORITY}, got {priority}"
             )));
         }
         if let Some(d) = duration_s {

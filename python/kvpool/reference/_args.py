@@ -84,7 +84,16 @@ def as_int_arg(value: Any, name: str, low: int = I64_MIN, high: int = I64_MAX) -
 def check_range(value: int, name: str, low: int, high: int) -> None:
     """``InvalidArgumentError`` unless ``low <= value <= high`` (for an int converted earlier)."""
     if not low <= value <= high:
-        raise InvalidArgumentError(f"{name} must be in {low}..={high}, got {value}")
+        raise InvalidArgumentError(f"{name} must be {range_text(low, high)}, got {value}")
+
+
+def range_text(low: int, high: int) -> str:
+    """The range ``low..=high`` in words: ">= 0", "an int64", "between 1 and 100"."""
+    if (low, high) == (I64_MIN, I64_MAX):
+        return "an int64"
+    if high == I64_MAX:
+        return f">= {low}"
+    return f"between {low} and {high}"
 
 
 def as_opt_int_arg(value: Any, name: str, low: int = I64_MIN, high: int = I64_MAX) -> int | None:

@@ -126,7 +126,7 @@ class BlockPool:
         if block_size < 1:
             raise InvalidArgumentError(f"block_size must be >= 1, got {block_size}")
         if hash_width is not None and not 1 <= hash_width <= MAX_HASH_WIDTH:
-            raise InvalidArgumentError(f"hash_width must be None or in 1..={MAX_HASH_WIDTH}, got {hash_width}")
+            raise InvalidArgumentError(f"hash_width must be None or between 1 and {MAX_HASH_WIDTH}, got {hash_width}")
 
         self._num_blocks = num_blocks
         self._block_size = block_size
@@ -254,7 +254,7 @@ class BlockPool:
             raise HashWidthError("block hashes of different widths in one call")
         for h in hashes:
             if not 1 <= len(h) <= MAX_HASH_WIDTH:
-                raise HashWidthError(f"a block hash must be 1..={MAX_HASH_WIDTH} bytes, got {len(h)}")
+                raise HashWidthError(f"a block hash must have 1 to {MAX_HASH_WIDTH} bytes, got {len(h)}")
             if self._hash_width is not None and len(h) != self._hash_width:
                 raise HashWidthError(f"the pool's hashes are {self._hash_width} bytes, got {len(h)}")
 
