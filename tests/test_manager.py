@@ -670,3 +670,21 @@ def test_huge_counts_do_not_wrap_around(Manager: Any) -> None:
     except InvalidArgumentError:
         pass
     assert snapshot(m) == before
+
+
+def test_batched_getters_equal_the_one_by_one_calls(Manager: Any) -> None:
+    m = Manager(32, 4)
+    for rid, n in (("a", 9), ("b", 3), ("c", 14)):
+        m.add_request(rid, list(range(n)))
+        m.allocate_slots(rid, n)
+    m.add_request("waiting", [1, 2, 3])
+    rids = ["c", "waiting", "a", "c"]
+    flat, offsets = m.get_block_ids_many(rids)
+    assert offsets.dtype == np.int64 and flat.dtype == np.int32
+    assert [flat[a:b].tolist() for a, b in zip(offsets, offsets[1:])] == [m.get_block_ids(r).tolist() for r in rids]
+    assert m.get_num_tokens_many(rids).tolist() == [m.get_num_tokens(r) for r in rids]
+    assert m.get_num_computed_tokens_many(rids).tolist() == [m.get_num_computed_tokens(r) for r in rids]
+    with pytest.raises(UnknownRequestError):
+        m.get_block_ids_many(["a", "nope"])
+    flat, offsets = m.get_block_ids_many([])
+    assert flat.tolist() == [] and offsets.tolist() == [0]

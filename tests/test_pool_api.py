@@ -743,3 +743,20 @@ def test_touching_free_uncached_blocks_from_the_middle_keeps_the_order(Pool):
     pool.free_blocks(touched)
     assert free_ids(pool) == touched + expected
     pool.check_invariants()
+
+
+@pytest.mark.parametrize("impl", ["rust", "reference"])
+def test_ref_counts_of_reads_many_counts(impl: str) -> None:
+    import kvpool
+    import kvpool.reference
+
+    if impl == "rust" and not hasattr(kvpool, "BlockPool"):
+        pytest.skip("kvpool._core is not built")
+    pool = (kvpool.BlockPool if impl == "rust" else kvpool.reference.BlockPool)(8)
+    ids = pool.get_new_blocks(3).tolist()
+    pool.touch([ids[0]])
+    assert pool.ref_counts_of([ids[0], 7, ids[2], ids[0]]).tolist() == [2, 0, 1, 2]
+    from kvpool._errors import InvalidBlockIdError
+
+    with pytest.raises(InvalidBlockIdError):
+        pool.ref_counts_of([1, 8])

@@ -22,7 +22,7 @@ use super::locking::with_lock;
 use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
 
 /// Block ids of several requests back to back, and where each request's start.
-type IdsAndOffsets<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>);
+pub(super) type IdsAndOffsets<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>);
 
 /// A pool of KV-cache blocks: free queue, reference counts and prefix cache.
 ///
@@ -671,6 +671,25 @@ impl PyBlockPool {
     fn ref_count(&self, py: Python<'_>, block_id: &Bound<'_, PyAny>) -> PyResult<u32> {
         let id = self.one_id(block_id)?;
         self.with_pool(py, |pool| pool.ref_count(id)).py_err(py)
+    }
+
+    /// The reference counts of ``block_ids`` (int32, in the order given): what a
+    /// scheduler reads to see whether hits are free (count 0) before admitting them.
+    fn ref_counts_of<'py>(
+        &self,
+        py: Python<'py>,
+        block_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let ids = self.ids(block_ids)?;
+        let counts: Vec<i32> = self.with_pool(py, |pool| {
+            ids.iter()
+                .map(|&id| {
+                    pool.ref_count(id)
+                        .map_or(0, |c| c.min(i32::MAX as u32) as i32)
+                })
+                .collect()
+        });
+        Ok(PyArray1::from_vec(py, counts))
     }
 
     /// Every block's reference count, in id order.

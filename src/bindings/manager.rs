@@ -571,6 +571,64 @@ impl PyKVCacheManager {
         Ok(ids_to_numpy(py, &ids))
     }
 
+    /// The block tables of several requests in one call: ``(block_ids, offsets)``, request
+    /// ``i``'s blocks being ``block_ids[offsets[i]:offsets[i + 1]]`` (int32 ids, int64
+    /// offsets). Every id is checked first (``UnknownRequestError``).
+    fn get_block_ids_many<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<super::block_pool::IdsAndOffsets<'py>> {
+        let ids = super::requests::request_ids(request_ids)?;
+        let (flat, offsets) = self
+            .with_manager(py, |m| {
+                let mut flat = Vec::new();
+                let mut offsets = Vec::with_capacity(ids.len() + 1);
+                offsets.push(0i64);
+                for id in &ids {
+                    flat.extend_from_slice(m.block_ids(id)?);
+                    offsets.push(flat.len() as i64);
+                }
+                Ok::<_, crate::pool::PoolError>((flat, offsets))
+            })
+            .py_err(py)?;
+        Ok((ids_to_numpy(py, &flat), PyArray1::from_vec(py, offsets)))
+    }
+
+    /// ``get_num_tokens`` of several requests (int64); every id is checked first.
+    fn get_num_tokens_many<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let ids = super::requests::request_ids(request_ids)?;
+        let counts = self
+            .with_manager(py, |m| {
+                ids.iter()
+                    .map(|id| m.num_tokens(id).map(|n| n as i64))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .py_err(py)?;
+        Ok(PyArray1::from_vec(py, counts))
+    }
+
+    /// ``get_num_computed_tokens`` of several requests (int64); every id is checked first.
+    fn get_num_computed_tokens_many<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let ids = super::requests::request_ids(request_ids)?;
+        let counts = self
+            .with_manager(py, |m| {
+                ids.iter()
+                    .map(|id| m.num_computed_tokens(id).map(|n| n as i64))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .py_err(py)?;
+        Ok(PyArray1::from_vec(py, counts))
+    }
+
     /// The request's block hashes (full blocks).
     fn get_block_hashes(
         &self,

@@ -354,6 +354,26 @@ class KVCacheManager:
             self._hasher.update_chain(hashes, tokens, extras)
         return hashes
 
+    def get_block_ids_many(self, request_ids: Sequence[RequestId]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """The block tables of several requests: ``(block_ids, offsets)``, request ``i``'s blocks
+        being ``block_ids[offsets[i]:offsets[i + 1]]``. Every id is checked first."""
+        requests = [self._get(rid) for rid in as_request_ids(request_ids)]
+        flat = [b for r in requests for b in r.blocks]
+        offsets = [0]
+        for r in requests:
+            offsets.append(offsets[-1] + len(r.blocks))
+        return np.array(flat, dtype=np.int32), np.array(offsets, dtype=np.int64)
+
+    def get_num_tokens_many(self, request_ids: Sequence[RequestId]) -> npt.NDArray[np.int64]:
+        """``get_num_tokens`` of several requests; every id is checked first."""
+        requests = [self._get(rid) for rid in as_request_ids(request_ids)]
+        return np.array([len(r.tokens) for r in requests], dtype=np.int64)
+
+    def get_num_computed_tokens_many(self, request_ids: Sequence[RequestId]) -> npt.NDArray[np.int64]:
+        """``get_num_computed_tokens`` of several requests; every id is checked first."""
+        requests = [self._get(rid) for rid in as_request_ids(request_ids)]
+        return np.array([r.num_computed_tokens for r in requests], dtype=np.int64)
+
     def get_block_ids(self, request_id: RequestId) -> npt.NDArray[np.int32]:
         """The request's block table (int32)."""
         return np.array(self._get(as_request_id(request_id)).blocks, dtype=np.int32)

@@ -772,6 +772,12 @@ class BlockPool:
         """The reference count of one block (``InvalidBlockIdError`` if out of range)."""
         return self._ref_counts[self._as_block_id(block_id)]
 
+    def ref_counts_of(self, block_ids: Any) -> npt.NDArray[np.int32]:
+        """The reference counts of ``block_ids`` (int32, in the order given)."""
+        ids = as_int_list(block_ids, "block_ids")
+        self._check_ids_in_range(ids)
+        return np.array([self._ref_counts[b] for b in ids], dtype=np.int32)
+
     def ref_counts(self) -> npt.NDArray[Any]:
         """The reference counts of all blocks, indexed by block id (int32)."""
         return np.array(self._ref_counts, dtype=np.int32)
