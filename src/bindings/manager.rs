@@ -601,15 +601,7 @@ impl PyKVCacheManager {
         py: Python<'py>,
         request_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = super::requests::request_ids(request_ids)?;
-        let counts = self
-            .with_manager(py, |m| {
-                ids.iter()
-                    .map(|id| m.num_tokens(id).map(|n| n as i64))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .py_err(py)?;
-        Ok(PyArray1::from_vec(py, counts))
+        self.count_each(py, request_ids, KVCacheManager::num_tokens)
     }
 
     /// ``get_num_computed_tokens`` of several requests (int64); every id is checked first.
@@ -618,15 +610,7 @@ impl PyKVCacheManager {
         py: Python<'py>,
         request_ids: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = super::requests::request_ids(request_ids)?;
-        let counts = self
-            .with_manager(py, |m| {
-                ids.iter()
-                    .map(|id| m.num_computed_tokens(id).map(|n| n as i64))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .py_err(py)?;
-        Ok(PyArray1::from_vec(py, counts))
+        self.count_each(py, request_ids, KVCacheManager::num_computed_tokens)
     }
 
     /// The request's block hashes (full blocks).
@@ -792,3 +776,23 @@ impl PyKVCacheManager {
 
 #[allow(unused_imports)]
 use {request_id as _, request_ids as _};
+
+impl PyKVCacheManager {
+    /// `count(request)` for each of `request_ids` (converted first), as an int64 array.
+    fn count_each<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+        count: fn(&KVCacheManager, &RequestId) -> crate::pool::PoolResult<usize>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let ids = super::requests::request_ids(request_ids)?;
+        let counts = self
+            .with_manager(py, |m| {
+                ids.iter()
+                    .map(|id| count(m, id).map(|n| n as i64))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .py_err(py)?;
+        Ok(PyArray1::from_vec(py, counts))
+    }
+}
