@@ -524,17 +524,8 @@ impl Eviction {
         *w = (*w & !0xFF) | u64::from(uses);
     }
 
-    /// Allocation evicted block `id`, cached under fingerprint `fingerprint`.
-    #[inline]
-    pub fn on_evicted(&mut self, id: u32, fingerprint: u64) {
-        if self.policy == EvictionPolicy::Adaptive {
-            self.ghosts
-                .record(fingerprint, self.adaptive[id as usize] as u8);
-        }
-    }
-
-    /// [`on_evicted`](Self::on_evicted) for each `(block, fingerprint)`, in order:
-    /// one tight loop, so the ghost table's cache misses overlap.
+    /// Allocation evicted each `(block, fingerprint)`, in order: their uses go to the
+    /// ghost table in one tight loop, so its cache misses overlap.
     pub fn on_evicted_many(&mut self, evicted: &[(u32, u64)]) {
         if self.policy == EvictionPolicy::Adaptive {
             self.ghosts.warm(evicted.iter().map(|&(_, f)| f));

@@ -34,6 +34,7 @@ __all__ = [
     "EVICTION_POLICIES",
     "MAX_PRIORITY",
     "BlockPriority",
+    "Clock",
     "Ghosts",
     "PolicyQueue",
     "band_bonuses",
@@ -153,11 +154,29 @@ class Ghosts:
         self._ways = [None] * len(self._ways)
 
 
+class Clock:
+    """The clock retention durations run on: seconds since it was made, or set by the caller."""
+
+    def __init__(self, manual: bool) -> None:
+        """A monotonic clock, or with ``manual`` one that only ``advance`` moves (from 0)."""
+        self.manual = manual
+        self._now = 0.0
+        self._start = time.monotonic()
+
+    def now(self) -> float:
+        """The time in seconds."""
+        return self._now if self.manual else time.monotonic() - self._start
+
+    def advance(self, seconds: float) -> None:
+        """Move a manual clock forward."""
+        self._now += seconds
+
+
 class PolicyQueue:
     """The free queue under the ``priority`` or ``adaptive`` policy (same interface as
     :class:`FreeQueue`: ``prepend`` for freed uncached blocks, ``extend`` for freed cached ones)."""
 
-    def __init__(self, block_ids: Sequence[int], num_blocks: int, policy: str, manual_clock: bool) -> None:
+    def __init__(self, block_ids: Sequence[int], num_blocks: int, policy: str, clock: Clock) -> None:
         """All of ``block_ids`` free and uncached, in order."""
         assert policy in ("priority", "adaptive")
         self.policy = policy
@@ -165,9 +184,7 @@ class PolicyQueue:
         num_classes = MAX_PRIORITY + 1 if policy == "priority" else ADAPTIVE_BANDS
         self._lists = [FreeQueue() for _ in range(num_classes)]
         self._class_of: dict[int, int] = {}
-        self._manual_clock = manual_clock
-        self._manual_now = 0.0
-        self._start = time.monotonic()
+        self._clock = clock
         # priority
         self.priorities: dict[int, BlockPriority] = {}
         self._expiry: dict[int, tuple[float, int]] = {}  # queued block -> (expires_at, seq)
@@ -179,15 +196,9 @@ class PolicyQueue:
         self._bonus = band_bonuses(num_blocks)
         self.ghosts = Ghosts(GHOSTS_PER_BLOCK * num_blocks, num_blocks)
 
-    # -- the clock ------------------------------------------------------------------------------
-
     def now(self) -> float:
         """The pool's clock in seconds."""
-        return self._manual_now if self._manual_clock else time.monotonic() - self._start
-
-    def advance(self, seconds: float) -> None:
-        """Move a manual clock forward."""
-        self._manual_now += seconds
+        return self._clock.now()
 
     # -- the FreeQueue interface ------------------------------------------------------------------
 

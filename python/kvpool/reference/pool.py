@@ -47,7 +47,7 @@ from kvpool._errors import (
     NoFreeBlocksError,
 )
 from kvpool.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
-from kvpool.reference.eviction import DEFAULT_PRIORITY, MAX_PRIORITY, BlockPriority, PolicyQueue, check_policy
+from kvpool.reference.eviction import DEFAULT_PRIORITY, MAX_PRIORITY, BlockPriority, Clock, PolicyQueue, check_policy
 from kvpool.reference.free_queue import FreeQueue
 from kvpool.reference._args import (
     as_bool_arg,
@@ -144,7 +144,7 @@ class BlockPool:
         self._dropped_events = 0
         first = 1 if null_block else 0
         self._eviction = policy
-        self._manual_clock = manual
+        self._clock = Clock(manual)
         self._max_pinned = num_blocks // 4 if pin_budget is None else pin_budget
         self._pins: set[int] = set()
         self._evictions = 0
@@ -152,11 +152,9 @@ class BlockPool:
         self._free_queue: FreeQueue | PolicyQueue
         if policy == "lru":
             self._free_queue = FreeQueue(range(first, num_blocks))
-            self._lru_clock = PolicyQueue([], 1, "priority", manual)  # only its clock is used
         else:
-            self._policy = PolicyQueue(list(range(first, num_blocks)), num_blocks, policy, manual)
+            self._policy = PolicyQueue(list(range(first, num_blocks)), num_blocks, policy, self._clock)
             self._free_queue = self._policy
-            self._lru_clock = self._policy
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -198,12 +196,12 @@ class BlockPool:
     @property
     def clock(self) -> str:
         """The clock retention durations run on: ``"monotonic"`` or ``"manual"``."""
-        return "manual" if self._manual_clock else "monotonic"
+        return "manual" if self._clock.manual else "monotonic"
 
     @property
     def now(self) -> float:
         """The pool's clock in seconds."""
-        return self._lru_clock.now()
+        return self._clock.now()
 
     @property
     def max_pinned_blocks(self) -> int:
@@ -218,11 +216,11 @@ class BlockPool:
     def advance_clock(self, seconds: float) -> None:
         """Move a ``clock="manual"`` pool's clock forward by ``seconds`` (>= 0)."""
         value = _as_seconds(seconds, "seconds")
-        if not self._manual_clock:
+        if not self._clock.manual:
             raise InvalidArgumentError("advance_clock needs a pool built with clock='manual'")
         if value < 0:
             raise InvalidArgumentError(f"advance_clock takes a finite number of seconds >= 0, got {value}")
-        self._lru_clock.advance(value)
+        self._clock.advance(value)
 
     def __repr__(self) -> str:
         """A summary: blocks, free and cached counts, caching and null block."""
