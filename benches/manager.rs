@@ -10,8 +10,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvpool::pool::{
-    KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepOutcome, StepRequest,
-    TokenIds,
+    KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepLimits, StepOutcome,
+    StepRequest, TokenIds,
 };
 
 const REQUESTS: usize = 100;
@@ -42,7 +42,8 @@ fn serve(m: &mut KVCacheManager, ids: &[RequestId]) {
             num_lookahead_tokens: 0,
         })
         .collect();
-    m.schedule_step(&prefill, false, &mut out).unwrap();
+    m.schedule_step(&prefill, StepLimits::default(), &mut out)
+        .unwrap();
     for id in ids {
         m.append_token_ids(id, TokenIds::Values(&[1])).unwrap();
     }
@@ -55,7 +56,8 @@ fn serve(m: &mut KVCacheManager, ids: &[RequestId]) {
         })
         .collect();
     let mut out = StepOutcome::default();
-    m.schedule_step(&decode, false, &mut out).unwrap();
+    m.schedule_step(&decode, StepLimits::default(), &mut out)
+        .unwrap();
     m.free_many(ids).unwrap();
 }
 

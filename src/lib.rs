@@ -26,7 +26,9 @@ mod _core {
         compute_none_hash, encode_hash_input, hash_value, PyBlockHashList, PyBlockHasher,
     };
     #[pymodule_export]
-    use crate::bindings::manager::{PyKVCacheManager, PyStepResult};
+    use crate::bindings::manager::PyKVCacheManager;
+    #[pymodule_export]
+    use crate::bindings::step::PyStepResult;
     #[pymodule_export]
     use crate::bindings::tracker::PyComputedBlocksTracker;
     #[pymodule_export]

@@ -2,8 +2,8 @@
 //! `schedule_step` gives exactly what the one-by-one calls give.
 
 use kvpool::pool::{
-    KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepOutcome, StepRequest,
-    TokenIds,
+    KVCacheManager, LoraInfo, ManagerConfig, RequestId, SequenceExtras, StepLimits, StepOutcome,
+    StepRequest, StepStatus, TokenIds,
 };
 use proptest::prelude::*;
 
@@ -112,7 +112,10 @@ proptest! {
                     let picked: Vec<(RequestId, usize)> = reqs.iter().map(|&(i, b)| (ids[i % ids.len()].clone(), b)).collect();
                     let step: Vec<StepRequest<'_>> = picked.iter().map(|(id, b)| StepRequest { id, num_new_tokens: *b, num_lookahead_tokens: 0 }).collect();
                     let mut got = StepOutcome::default();
-                    stepped.schedule_step(&step, stop, &mut got).unwrap();
+                    stepped.schedule_step(&step, StepLimits { stop_at_first_failure: stop, ..StepLimits::default() }, &mut got).unwrap();
+                    prop_assert!(got.status.iter().zip(&got.allocated).all(|(s, a)| (*s == StepStatus::Scheduled) == *a));
+                    prop_assert_eq!(got.hit_offsets.len(), got.offsets.len());
+                    (got.hit_block_ids, got.hit_offsets, got.status) = (Vec::new(), Vec::new(), Vec::new());
                     let mut want = StepOutcome { offsets: vec![0], ..Default::default() };
                     let mut stopped = false;
                     for (id, budget) in &picked {

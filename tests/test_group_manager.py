@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 import kvpool
+from kvpool import StepStatus
+from step_calls import step_by_calls
 
 GROUPS: list[Any] = [("sliding_window", 16), "full", ("chunked_local", 32)]
 
@@ -127,3 +129,54 @@ def test_preempt_restarts_and_bad_input_changes_nothing() -> None:
     with pytest.raises(kvpool.InvalidArgumentError):
         kvpool.GroupManager(10, 4, ["full"], retention_interval=8)
     m.check_invariants()
+
+
+def step_fields(r: Any) -> dict[str, Any]:
+    names = ("block_ids", "offsets", "hit_block_ids", "hit_offsets", "num_scheduled_tokens", "num_hit_tokens", "allocated", "status")
+    return {name: (getattr(r, name).dtype.str, getattr(r, name).tolist()) for name in names}
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_schedule_step_under_limits_equals_the_one_by_one_calls(seed: int) -> None:
+    """Budget, request cap, stop and preemption on a pool small enough to run short."""
+    rng = random.Random(seed)
+    num_blocks = rng.choice([24, 40, 64])
+    a, b = (kvpool.GroupManager(num_blocks, 4, GROUPS, enable_events=True) for _ in range(2))
+    prefix = [rng.randrange(1000) for _ in range(40)]
+    rids: list[str] = []
+    seen: set[int] = set()
+    added = 0
+    for step in range(16):
+        for _ in range(rng.randint(0, 2)):
+            rid = f"r{added}"
+            added += 1
+            prompt = prefix[: rng.randint(0, 40)] + [rng.randrange(1000) for _ in range(rng.randint(1, 30))]
+            for m in (a, b):
+                m.add_request(rid, prompt)
+            rids.append(rid)
+        # vLLM's order: running requests first, then waiting ones.
+        live = sorted(rids, key=lambda r: a.get_num_computed_tokens(r) == 0)
+        limits: dict[str, Any] = {"stop_at_first_failure": rng.random() < 0.5, "preempt": rng.random() < 0.6}
+        if rng.random() < 0.7:
+            limits["token_budget"] = rng.choice([0, 8, 32, 96])
+        if rng.random() < 0.3:
+            limits["max_num_requests"] = rng.randint(0, 4)
+        num_new = [rng.choice([1, 4, 16, 64]) for _ in live]
+        want = step_by_calls(a, live, num_new, [0] * len(live), limits)
+        got = step_fields(b.schedule_step(live, num_new, **limits))
+        assert got == want, (live, num_new, limits)
+        seen.update(got["status"][1])
+        for rid in list(rids):
+            if a.get_num_computed_tokens(rid) >= a.get_num_tokens(rid) > 0:
+                tok = rng.randrange(1000)
+                a.append_token_ids(rid, [tok])
+                b.append_token_ids(rid, [tok])
+            if rng.random() < 0.1:
+                a.free(rid)
+                b.free(rid)
+                rids.remove(rid)
+        assert [g.tolist() for r in rids for g in a.get_block_ids(r)] == [g.tolist() for r in rids for g in b.get_block_ids(r)]
+        assert a.get_num_free_blocks() == b.get_num_free_blocks()
+        assert a.take_events() == b.take_events()
+        b.check_invariants()
+    assert StepStatus.SCHEDULED in seen

@@ -5,7 +5,9 @@ then ``allocate_slots(id, min(budget, num_tokens - hit), num_new_computed_tokens
 new_computed_blocks=blocks, num_lookahead_tokens=...)``; for a running one
 ``allocate_slots(id, budget, num_lookahead_tokens=...)``; with ``stop_at_first_failure`` it stops
 at the first request that does not fit. A request with nothing to schedule (``budget`` 0 and no
-hit) is not allocated (``allocate_slots`` would refuse it) and counts as a failure.
+hit) is not allocated (``allocate_slots`` would refuse it) and counts as a failure. Under vLLM's
+step rules (a shared token budget, a request cap, FCFS preemption) the same calls are made as
+vLLM's scheduler makes them; see ``step_by_calls``.
 
 Hypothesis draws a history of steps mixed with appends, frees and preemptions, and plays it on
 two managers built identically: one takes each step through ``schedule_step``, the other through
@@ -29,6 +31,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import kvpool.reference
+from kvpool import StepStatus
+from step_calls import step_by_calls
 from kvpool.reference.manager import UnknownRequestError
 
 ReferenceManager = kvpool.reference.KVCacheManager
@@ -41,62 +45,16 @@ SETTINGS = settings(
 )
 
 RIDS: list[str | int] = ["a", "b", "c", 0, 1]
-STEP_FIELDS = ("block_ids", "offsets", "num_scheduled_tokens", "num_hit_tokens", "allocated")
-STEP_DTYPES = {"block_ids": np.int32, "allocated": np.bool_}
+STEP_FIELDS = (
+    "block_ids", "offsets", "hit_block_ids", "hit_offsets", "num_scheduled_tokens", "num_hit_tokens", "allocated", "status",
+)
+STEP_DTYPES = {"block_ids": np.int32, "hit_block_ids": np.int32, "allocated": np.bool_, "status": np.uint8}
 
 
 def needs_rust() -> Any:
     if RustManager is None:
         pytest.skip("kvpool._core is not built")
     return RustManager
-
-
-# --------------------------------------------------------------------------------------------
-# The scheduler's one-by-one calls
-# --------------------------------------------------------------------------------------------
-
-
-def step_by_calls(m: Any, ids: list[Any], budgets: list[int], lookaheads: list[int], stop: bool) -> dict[str, Any]:
-    """What ``schedule_step`` must return, made of ``get_computed_blocks`` / ``allocate_slots``."""
-    block_ids: list[int] = []
-    offsets = [0]
-    scheduled: list[int] = []
-    hit_tokens: list[int] = []
-    allocated: list[bool] = []
-    stopped = False
-    for rid, budget, lookahead in zip(ids, budgets, lookaheads):
-        new, ok, num_new, num_hit = None, False, 0, 0
-        if not stopped:
-            if len(m.get_block_ids(rid)) == 0 and m.get_num_computed_tokens(rid) == 0:
-                blocks, num_hit = m.get_computed_blocks(rid)
-                num_new = min(budget, m.get_num_tokens(rid) - num_hit)
-                if num_new + num_hit > 0:
-                    new = m.allocate_slots(
-                        rid,
-                        num_new,
-                        num_new_computed_tokens=num_hit,
-                        new_computed_blocks=blocks,
-                        num_lookahead_tokens=lookahead,
-                    )
-            else:
-                num_new = budget
-                if num_new > 0:
-                    new = m.allocate_slots(rid, num_new, num_lookahead_tokens=lookahead)
-            ok = new is not None
-            if new is not None:
-                block_ids.extend(new.tolist())
-            stopped = stop and not ok
-        scheduled.append(num_new if ok else 0)
-        hit_tokens.append(num_hit if ok else 0)
-        allocated.append(ok)
-        offsets.append(len(block_ids))
-    return {
-        "block_ids": ("<i4", block_ids),
-        "offsets": ("<i8", offsets),
-        "num_scheduled_tokens": ("<i8", scheduled),
-        "num_hit_tokens": ("<i8", hit_tokens),
-        "allocated": ("|b1", allocated),
-    }
 
 
 def step_result(result: Any) -> dict[str, Any]:
@@ -198,8 +156,18 @@ def operations(draw: st.DrawFn) -> list[tuple[Any, ...]]:
                 lookaheads = [0] * len(ids)
             budget_arg = per_request_form(draw, budgets)
             lookahead_arg = per_request_form(draw, lookaheads, allow_none=True)
-            stop = draw(st.sampled_from([None, False, True]))
-            ops.append(("step", ids, budgets, lookaheads, budget_arg, lookahead_arg, stop))
+            limits: dict[str, Any] = {"stop_at_first_failure": draw(st.sampled_from([None, False, True]))}
+            if draw(st.booleans()):
+                limits["token_budget"] = draw(st.integers(0, 24))
+            if draw(st.integers(0, 3)) == 0:
+                limits["max_num_requests"] = draw(st.integers(0, 4))
+            if draw(st.booleans()):
+                limits["preempt"] = True
+                ids = list(dict.fromkeys(ids))
+                budgets, lookaheads = budgets[: len(ids)], lookaheads[: len(ids)]
+                budget_arg = per_request_form(draw, budgets)
+                lookahead_arg = per_request_form(draw, lookaheads, allow_none=True)
+            ops.append(("step", ids, budgets, lookaheads, budget_arg, lookahead_arg, limits))
         elif kind == "append":
             ops.append(("append", rid, draw(st.lists(st.integers(0, 3), min_size=1, max_size=4))))
         elif kind == "add":
@@ -214,9 +182,9 @@ def play(ops: list[tuple[Any, ...]], subject: Any, oracle: Any, *, oracle_steps_
     for op in ops:
         kind = op[0]
         if kind == "step":
-            _, ids, budgets, lookaheads, budget_arg, lookahead_arg, stop = op
+            _, ids, budgets, lookaheads, budget_arg, lookahead_arg, limits = op
             known = all(rid in oracle for rid in ids)
-            kwargs = {"num_lookahead_tokens": lookahead_arg, "stop_at_first_failure": stop}
+            kwargs = {"num_lookahead_tokens": lookahead_arg, **limits}
             if not known:
                 for m in (subject, oracle):
                     with pytest.raises(UnknownRequestError):
@@ -224,12 +192,12 @@ def play(ops: list[tuple[Any, ...]], subject: Any, oracle: Any, *, oracle_steps_
             else:
                 got = step_result(subject.schedule_step(ids, budget_arg, **kwargs))
                 if oracle_steps_by_calls:
-                    want = step_by_calls(oracle, ids, budgets, lookaheads, bool(stop))
+                    want = step_by_calls(oracle, ids, budgets, lookaheads, limits)
                 else:
                     want = step_result(oracle.schedule_step(ids, budget_arg, **kwargs))
-                assert got == want, f"step {ids} {budgets} {lookaheads} stop={stop}"
-                ok = got["allocated"][1]
-                event(f"step: {'some' if not all(ok) else 'no'} failure, {'a' if any(got['num_hit_tokens'][1]) else 'no'} hit")
+                assert got == want, f"step {ids} {budgets} {lookaheads} {limits}"
+                for code in set(got["status"][1]):
+                    event(f"step status {StepStatus(code).name}")
         else:
             outcomes = []
             for m in (subject, oracle):

@@ -20,7 +20,7 @@ use kvpool::pool::hashing::{
 };
 use kvpool::pool::{
     BlockPool, CacheBlocks, HashSlice, KVCacheManager, LoraInfo, ManagerConfig, PoolConfig,
-    PoolEvent, RequestId, SequenceExtras, StepOutcome, StepRequest, TokenIds,
+    PoolEvent, RequestId, SequenceExtras, StepLimits, StepOutcome, StepRequest, TokenIds,
 };
 
 /// Most operations per input, so one input stays fast.
@@ -556,7 +556,14 @@ fn apply_manager_op(
                 })
                 .collect();
             let mut out = StepOutcome::default();
-            let rb = match b.schedule_step(&step, *stop_at_first_failure, &mut out) {
+            let rb = match b.schedule_step(
+                &step,
+                StepLimits {
+                    stop_at_first_failure: *stop_at_first_failure,
+                    ..StepLimits::default()
+                },
+                &mut out,
+            ) {
                 Ok(()) => {
                     let rows: Vec<_> = (0..ids.len())
                         .map(|i| {

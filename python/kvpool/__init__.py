@@ -38,6 +38,7 @@ from kvpool._core import (
     hash_value,
 )
 from kvpool.stats import PrefixCacheStats
+from kvpool.step_status import StepStatus
 from kvpool.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "PinBudgetError",
     "PrefixCacheStats",
     "StepResult",
+    "StepStatus",
     "UnknownRequestError",
     "VllmGroupCalls",
     "VllmManagerCalls",

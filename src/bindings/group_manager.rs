@@ -11,10 +11,9 @@ use super::events::events_to_py;
 use super::group_tables::{group_ids, group_spec};
 use super::hashing::{algo_arg, extract_extras, seed_arg};
 use super::locking::with_lock;
-use super::manager::{manager_token_ids, step_args, step_requests, PyStepResult};
-use crate::pool::{
-    GroupBlocks, GroupManager, GroupStepOutcome, LoraInfo, ManagerConfig, MAX_BLOCKS,
-};
+use super::manager::manager_token_ids;
+use super::step::{step_args, step_limits, step_requests, PyStepResult};
+use crate::pool::{GroupBlocks, GroupManager, LoraInfo, ManagerConfig, StepOutcome, MAX_BLOCKS};
 
 /// The block manager a scheduler calls per request, for a hybrid model: vLLM's
 /// ``KVCacheManager`` semantics over several KV-cache groups (full attention, sliding
@@ -239,7 +238,8 @@ impl PyGroupManager {
     /// ``StepResult`` whose ``offsets`` cut ``block_ids`` per request and group: request
     /// ``i``'s group-``g`` blocks are ``block_ids[offsets[i * G + g]:offsets[i * G + g + 1]]``
     /// for ``G`` groups.
-    #[pyo3(signature = (request_ids, num_new_tokens, *, num_lookahead_tokens=None, stop_at_first_failure=None))]
+    #[pyo3(signature = (request_ids, num_new_tokens, *, num_lookahead_tokens=None, stop_at_first_failure=None, token_budget=None, max_num_requests=None, preempt=None))]
+    #[allow(clippy::too_many_arguments)]
     fn schedule_step(
         &self,
         py: Python<'_>,
@@ -247,21 +247,22 @@ impl PyGroupManager {
         num_new_tokens: &Bound<'_, PyAny>,
         num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         stop_at_first_failure: Option<&Bound<'_, PyAny>>,
+        token_budget: Option<&Bound<'_, PyAny>>,
+        max_num_requests: Option<&Bound<'_, PyAny>>,
+        preempt: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStepResult> {
-        let stop = opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?;
+        let limits = step_limits(
+            stop_at_first_failure,
+            token_budget,
+            max_num_requests,
+            preempt,
+        )?;
         let (ids, news, lookaheads) = step_args(request_ids, num_new_tokens, num_lookahead_tokens)?;
         let step = step_requests(&ids, &news, &lookaheads);
-        let mut outcome = GroupStepOutcome::default();
-        self.with_manager(py, |m| m.schedule_step(&step, stop, &mut outcome))
+        let mut outcome = StepOutcome::default();
+        self.with_manager(py, |m| m.schedule_step(&step, limits, &mut outcome))
             .py_err(py)?;
-        Ok(PyStepResult::from_parts(
-            py,
-            &outcome.block_ids,
-            &outcome.offsets,
-            &outcome.num_scheduled_tokens,
-            &outcome.num_hit_tokens,
-            outcome.allocated,
-        ))
+        Ok(PyStepResult::from_outcome(py, outcome))
     }
 
     /// The request's blocks, one int32 array per group.

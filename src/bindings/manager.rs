@@ -16,10 +16,11 @@ use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
 use super::locking::{with_detached, with_lock};
 use super::requests::{request_id, request_ids};
+use super::step::{step_args, step_limits, step_requests, PyStepResult};
 use super::tracker::segments;
 use crate::pool::{
-    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, RequestId, StepOutcome, StepRequest,
-    TokenIds, MAX_BLOCKS,
+    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, RequestId, StepOutcome, TokenIds,
+    MAX_BLOCKS,
 };
 
 /// The block manager a scheduler calls per request (vLLM's ``KVCacheManager``
@@ -33,47 +34,6 @@ pub struct PyKVCacheManager {
     /// their counts cross.
     enable_caching: bool,
 }
-
-/// What ``schedule_step`` did, per request in the order given.
-///
-/// Request ``i``'s new blocks are ``block_ids[offsets[i]:offsets[i + 1]]``.
-#[pyclass(frozen, module = "kvpool", name = "StepResult")]
-pub struct PyStepResult {
-    /// New block ids of every request, back to back (int32).
-    #[pyo3(get)]
-    block_ids: Py<PyArray1<i32>>,
-    /// Where each request's new blocks start and end (int64, len n + 1).
-    #[pyo3(get)]
-    offsets: Py<PyArray1<i64>>,
-    /// Tokens scheduled per request (int64; 0 where allocation failed or stopped).
-    #[pyo3(get)]
-    num_scheduled_tokens: Py<PyArray1<i64>>,
-    /// Prefix-hit tokens per request (int64; non-zero only for requests starting now).
-    #[pyo3(get)]
-    num_hit_tokens: Py<PyArray1<i64>>,
-    /// Whether each request got its slots (bool).
-    #[pyo3(get)]
-    allocated: Py<PyArray1<bool>>,
-}
-
-#[pymethods]
-impl PyStepResult {
-    fn __len__(&self, py: Python<'_>) -> usize {
-        self.allocated.bind(py).len().unwrap_or(0)
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> String {
-        let ok = self.allocated.bind(py).to_vec().unwrap_or_default();
-        format!(
-            "StepResult(requests={}, allocated={}, new_blocks={})",
-            ok.len(),
-            ok.iter().filter(|&&b| b).count(),
-            self.block_ids.bind(py).len().unwrap_or(0)
-        )
-    }
-}
-
-use numpy::PyArrayMethods;
 
 static STATS_CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
@@ -123,105 +83,6 @@ pub(super) fn manager_token_ids<'a>(
     }
     extract_i64s(obj, what, buf)?;
     Ok(TokenIds::Values(buf))
-}
-
-/// A step's request ids and per-request new and lookahead token counts, converted.
-#[allow(clippy::type_complexity)]
-pub(super) fn step_args(
-    request_ids: &Bound<'_, PyAny>,
-    num_new_tokens: &Bound<'_, PyAny>,
-    num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(Vec<crate::pool::RequestId>, Vec<usize>, Vec<usize>)> {
-    let ids = super::requests::request_ids(request_ids)?;
-    let news = per_request_counts(num_new_tokens, ids.len(), "num_new_tokens")?;
-    let lookaheads = match num_lookahead_tokens.filter(|o| !o.is_none()) {
-        Some(obj) => per_request_counts(obj, ids.len(), "num_lookahead_tokens")?,
-        None => vec![0; ids.len()],
-    };
-    Ok((ids, news, lookaheads))
-}
-
-/// The step of [`step_args`]' result, borrowing its ids.
-pub(super) fn step_requests<'a>(
-    ids: &'a [crate::pool::RequestId],
-    news: &[usize],
-    lookaheads: &[usize],
-) -> Vec<StepRequest<'a>> {
-    ids.iter()
-        .zip(news.iter().zip(lookaheads))
-        .map(
-            |(id, (&num_new_tokens, &num_lookahead_tokens))| StepRequest {
-                id,
-                num_new_tokens,
-                num_lookahead_tokens,
-            },
-        )
-        .collect()
-}
-
-/// A per-request count for a step of `n` requests: one int for all, or a sequence
-/// of `n` non-negative ints.
-pub(super) fn per_request_counts(
-    obj: &Bound<'_, PyAny>,
-    n: usize,
-    what: &str,
-) -> PyResult<Vec<usize>> {
-    let py = obj.py();
-    if let Some(v) = obj
-        .extract::<i64>()
-        .ok()
-        .filter(|_| !super::convert::is_bool_like(obj))
-    {
-        if v < 0 {
-            return Err(error(
-                py,
-                ErrorKind::InvalidArgument,
-                format!("{what} must be >= 0"),
-            ));
-        }
-        return Ok(vec![v as usize; n]);
-    }
-    let mut raw = Vec::new();
-    extract_i64s(obj, what, &mut raw)?;
-    if raw.len() != n {
-        return Err(error(
-            py,
-            ErrorKind::InvalidArgument,
-            format!("{what} has {} entries for {n} requests", raw.len()),
-        ));
-    }
-    raw.into_iter()
-        .map(|v| {
-            usize::try_from(v).map_err(|_| {
-                error(
-                    py,
-                    ErrorKind::InvalidArgument,
-                    format!("{what} must be >= 0"),
-                )
-            })
-        })
-        .collect()
-}
-
-impl PyStepResult {
-    /// A result from its parts (block ids, offsets, per-request counts and flags).
-    pub(super) fn from_parts(
-        py: Python<'_>,
-        block_ids: &[u32],
-        offsets: &[usize],
-        num_scheduled_tokens: &[usize],
-        num_hit_tokens: &[usize],
-        allocated: Vec<bool>,
-    ) -> Self {
-        let as_i64 = |v: &[usize]| PyArray1::from_iter(py, v.iter().map(|&x| x as i64)).unbind();
-        Self {
-            block_ids: ids_to_numpy(py, block_ids).unbind(),
-            offsets: as_i64(offsets),
-            num_scheduled_tokens: as_i64(num_scheduled_tokens),
-            num_hit_tokens: as_i64(num_hit_tokens),
-            allocated: PyArray1::from_vec(py, allocated).unbind(),
-        }
-    }
 }
 
 #[pymethods]
@@ -457,10 +318,19 @@ impl PyKVCacheManager {
     /// started looks up its prefix hit and schedules ``min(num_new_tokens[i],
     /// num_tokens - hit)`` tokens; a running one schedules ``num_new_tokens[i]``; then
     /// its slots are allocated as by ``allocate_slots``. A request that does not fit
-    /// is marked (``allocated[i] == False``, nothing changed for it); with
-    /// ``stop_at_first_failure`` the rest of the step is skipped. Unknown ids fail
-    /// the whole call before anything changes. Returns a ``StepResult``.
-    #[pyo3(signature = (request_ids, num_new_tokens, *, num_lookahead_tokens=None, stop_at_first_failure=None))]
+    /// is marked (``status[i] == StepStatus.NO_BLOCKS``, nothing changed for it).
+    ///
+    /// vLLM's step rules, all off by default (then this is exactly the one-by-one
+    /// calls): ``stop_at_first_failure`` skips the rest after the first failure;
+    /// ``token_budget`` caps the tokens the whole step schedules (hits are free; a
+    /// prefill is chunked to what is left); ``max_num_requests`` caps the requests it
+    /// schedules; ``preempt`` lets a running request that does not fit preempt running
+    /// requests from the end of the list, newest first, or itself when none is left,
+    /// after which no waiting request is admitted (give running requests first, as
+    /// vLLM orders them; ids must then be distinct). Unknown ids fail the whole call
+    /// before anything changes. Returns a ``StepResult``.
+    #[pyo3(signature = (request_ids, num_new_tokens, *, num_lookahead_tokens=None, stop_at_first_failure=None, token_budget=None, max_num_requests=None, preempt=None))]
+    #[allow(clippy::too_many_arguments)]
     fn schedule_step(
         &self,
         py: Python<'_>,
@@ -468,21 +338,22 @@ impl PyKVCacheManager {
         num_new_tokens: &Bound<'_, PyAny>,
         num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
         stop_at_first_failure: Option<&Bound<'_, PyAny>>,
+        token_budget: Option<&Bound<'_, PyAny>>,
+        max_num_requests: Option<&Bound<'_, PyAny>>,
+        preempt: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStepResult> {
-        let stop = opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?;
+        let limits = step_limits(
+            stop_at_first_failure,
+            token_budget,
+            max_num_requests,
+            preempt,
+        )?;
         let (ids, news, lookaheads) = step_args(request_ids, num_new_tokens, num_lookahead_tokens)?;
         let step = step_requests(&ids, &news, &lookaheads);
         let mut outcome = StepOutcome::default();
-        self.with_manager(py, |m| m.schedule_step(&step, stop, &mut outcome))
+        self.with_manager(py, |m| m.schedule_step(&step, limits, &mut outcome))
             .py_err(py)?;
-        Ok(PyStepResult::from_parts(
-            py,
-            &outcome.block_ids,
-            &outcome.offsets,
-            &outcome.num_scheduled_tokens,
-            &outcome.num_hit_tokens,
-            outcome.allocated,
-        ))
+        Ok(PyStepResult::from_outcome(py, outcome))
     }
 
     /// Appends token ids (generated, or newly known) to a request.

@@ -14,6 +14,7 @@ pub mod hashing;
 pub mod locking;
 pub mod manager;
 pub mod requests;
+pub mod step;
 pub mod tracker;
 pub mod vllm_calls;
 pub mod vllm_group_calls;

@@ -14,7 +14,7 @@ use super::group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
 use super::kv_groups::{GroupSpec, KvGroups};
 use super::manager::{LoraInfo, ManagerConfig};
 use super::request_id::RequestId;
-use super::step::StepRequest;
+use super::step::{run_step, Attempt, StepLimits, StepManager, StepOutcome, StepRequest};
 use super::tracker::{Sequence, SequenceExtras, SequenceHasher, TokenIds};
 
 /// One request: its tokens and hashes, and how far it is computed.
@@ -25,22 +25,6 @@ struct GroupRequest {
     /// vLLM's `request.shared_prefix_boundary`, set by each hit lookup.
     shared_prefix_boundary: usize,
     lora: LoraInfo,
-}
-
-/// What a batched step did, per request in order (group tables per request).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GroupStepOutcome {
-    /// New block ids, request by request and, within one, group by group.
-    pub block_ids: Vec<u32>,
-    /// `n_requests * n_groups + 1` offsets: request `i`'s group-`g` blocks are
-    /// `block_ids[offsets[i * n_groups + g]..offsets[i * n_groups + g + 1]]`.
-    pub offsets: Vec<usize>,
-    /// Tokens scheduled per request (0 where allocation failed or was not tried).
-    pub num_scheduled_tokens: Vec<usize>,
-    /// Prefix-hit tokens per request (non-zero only for requests starting now).
-    pub num_hit_tokens: Vec<usize>,
-    /// Whether each request got its slots.
-    pub allocated: Vec<bool>,
 }
 
 /// The per-request block manager for several KV-cache groups.
@@ -275,85 +259,15 @@ impl GroupManager {
     /// One scheduler step in one call, as [`super::KVCacheManager::schedule_step`]:
     /// a request that has not started looks its hit up first and schedules
     /// `min(num_new_tokens, num_tokens - hit)` tokens; a running one schedules
-    /// `num_new_tokens`. A request that does not fit is marked and, with
-    /// `stop_at_first_failure`, ends the step. Unknown ids fail the whole step first.
+    /// `num_new_tokens`; `limits` adds vLLM's step rules ([`StepLimits`]). Unknown ids
+    /// fail the whole step first.
     pub fn schedule_step(
         &mut self,
         step: &[StepRequest<'_>],
-        stop_at_first_failure: bool,
-        out: &mut GroupStepOutcome,
+        limits: StepLimits,
+        out: &mut StepOutcome,
     ) -> PoolResult<()> {
-        if let Some(r) = step.iter().find(|r| !self.requests.contains_key(r.id)) {
-            return Err(unknown(r.id));
-        }
-        let n_groups = self.tables.layout().len();
-        out.offsets.push(out.block_ids.len());
-        let mut stopped = false;
-        let (mut hit_flat, mut hit_offsets, mut offsets) = (Vec::new(), Vec::new(), Vec::new());
-        for req in step {
-            let (mut scheduled, mut hit_tokens, mut ok) = (0, 0, false);
-            let start = out.block_ids.len();
-            if !stopped {
-                let Self {
-                    pool,
-                    tables,
-                    requests,
-                    ..
-                } = self;
-                let request = requests.get_mut(req.id).ok_or_else(|| unknown(req.id))?;
-                let mut num_new = req.num_new_tokens;
-                let waiting = request.num_computed_tokens == 0
-                    && (0..n_groups).all(|g| tables.blocks(req.id.key(), g).is_empty());
-                let mut hits = None;
-                if waiting {
-                    let hit = Self::lookup(pool, tables, request)?;
-                    hit_tokens = hit.num_tokens;
-                    num_new = num_new.min(request.seq.num_tokens() - hit_tokens);
-                    hit_flat.clear();
-                    hit_offsets.clear();
-                    hit_offsets.push(0);
-                    for group in &hit.blocks {
-                        hit_flat.extend_from_slice(group);
-                        hit_offsets.push(hit_flat.len());
-                    }
-                    if !hit_flat.is_empty() {
-                        hits = Some(GroupBlocks {
-                            flat: &hit_flat,
-                            offsets: &hit_offsets,
-                        });
-                    }
-                }
-                offsets.clear();
-                ok = num_new + hit_tokens > 0
-                    && Self::allocate(
-                        pool,
-                        tables,
-                        req.id,
-                        request,
-                        num_new,
-                        hit_tokens,
-                        hits,
-                        req.num_lookahead_tokens,
-                        &mut out.block_ids,
-                        &mut offsets,
-                    )?;
-                if ok {
-                    scheduled = num_new;
-                    out.offsets.extend(offsets.iter().skip(1));
-                } else {
-                    hit_tokens = 0;
-                    stopped = stop_at_first_failure;
-                }
-            }
-            if !ok {
-                out.block_ids.truncate(start);
-                out.offsets.extend(std::iter::repeat_n(start, n_groups));
-            }
-            out.num_scheduled_tokens.push(scheduled);
-            out.num_hit_tokens.push(hit_tokens);
-            out.allocated.push(ok);
-        }
-        Ok(())
+        run_step(self, step, limits, out)
     }
 
     /// Frees the request's blocks (each group's tail first) and forgets it.
@@ -418,5 +332,91 @@ impl GroupManager {
     /// The request's LoRA identity (for events).
     pub fn lora(&self, id: &RequestId) -> PoolResult<&LoraInfo> {
         Ok(&self.request(id)?.lora)
+    }
+}
+
+impl StepManager for GroupManager {
+    fn num_groups(&self) -> usize {
+        self.tables.layout().len()
+    }
+
+    fn knows(&self, id: &RequestId) -> bool {
+        self.requests.contains_key(id)
+    }
+
+    fn is_waiting(&self, id: &RequestId) -> bool {
+        let started = self
+            .requests
+            .get(id)
+            .is_none_or(|r| r.num_computed_tokens > 0);
+        !started && (0..self.num_groups()).all(|g| self.tables.blocks(id.key(), g).is_empty())
+    }
+
+    fn try_schedule(
+        &mut self,
+        req: &StepRequest<'_>,
+        max_new: usize,
+        out: &mut StepOutcome,
+    ) -> PoolResult<Attempt> {
+        let waiting = self.is_waiting(req.id);
+        let Self {
+            pool,
+            tables,
+            requests,
+            ..
+        } = self;
+        let request = requests.get_mut(req.id).ok_or_else(|| unknown(req.id))?;
+        let mut num_new = req.num_new_tokens.min(max_new);
+        let (mut hit_tokens, hit_start) = (0, out.hit_block_ids.len());
+        let mut hit_offsets = Vec::new();
+        if waiting {
+            let hit = Self::lookup(pool, tables, request)?;
+            hit_tokens = hit.num_tokens;
+            num_new = num_new.min(request.seq.num_tokens() - hit_tokens);
+            hit_offsets.push(0);
+            for group in &hit.blocks {
+                out.hit_block_ids.extend_from_slice(group);
+                hit_offsets.push(out.hit_block_ids.len() - hit_start);
+            }
+        }
+        if num_new + hit_tokens == 0 {
+            out.hit_block_ids.truncate(hit_start);
+            return Ok(Attempt::NoTokens);
+        }
+        let hits = (out.hit_block_ids.len() > hit_start).then(|| GroupBlocks {
+            flat: &out.hit_block_ids[hit_start..],
+            offsets: &hit_offsets,
+        });
+        let mut offsets = Vec::with_capacity(hit_offsets.len().max(2));
+        let ok = Self::allocate(
+            pool,
+            tables,
+            req.id,
+            request,
+            num_new,
+            hit_tokens,
+            hits,
+            req.num_lookahead_tokens,
+            &mut out.block_ids,
+            &mut offsets,
+        )?;
+        if !ok {
+            out.hit_block_ids.truncate(hit_start);
+            return Ok(Attempt::NoBlocks);
+        }
+        out.offsets.extend(offsets.iter().skip(1));
+        if hit_offsets.is_empty() {
+            let end = out.hit_block_ids.len();
+            out.hit_offsets
+                .extend(std::iter::repeat_n(end, self.tables.layout().len()));
+        } else {
+            out.hit_offsets
+                .extend(hit_offsets.iter().skip(1).map(|&o| hit_start + o));
+        }
+        Ok(Attempt::Scheduled(num_new, hit_tokens))
+    }
+
+    fn preempt_request(&mut self, id: &RequestId) -> PoolResult<()> {
+        self.preempt(id)
     }
 }

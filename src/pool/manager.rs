@@ -118,7 +118,6 @@ pub struct KVCacheManager {
     pub(super) requests: HashMap<RequestId, Request>,
     pub(super) max_model_len: usize,
     pub(super) stats: StatsRecorder,
-    pub(super) hits_scratch: Vec<u32>,
 }
 
 pub(super) fn unknown(id: &RequestId) -> PoolError {
@@ -156,7 +155,6 @@ impl KVCacheManager {
             requests: HashMap::new(),
             max_model_len: config.max_model_len.unwrap_or(usize::MAX),
             stats: StatsRecorder::new(config.stats_window),
-            hits_scratch: Vec::new(),
         })
     }
 

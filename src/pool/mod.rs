@@ -53,7 +53,7 @@ pub use eviction::{
 };
 pub use free_queue::{FreeQueue, FrontBatch, ListOrder, Place, QueueParts};
 pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};
-pub use group_manager::{GroupManager, GroupStepOutcome};
+pub use group_manager::GroupManager;
 pub use group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
 pub use hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
 pub use key_hasher::KeyHasher;
@@ -64,5 +64,5 @@ pub use request_id::{RequestId, RequestKey};
 pub use retention::{reachable_block_mask, replay_boundary};
 pub use slab::{BlockMeta, Slab, NIL};
 pub use stats::PrefixCacheStats;
-pub use step::{StepOutcome, StepRequest};
+pub use step::{StepLimits, StepOutcome, StepRequest, StepStatus};
 pub use tracker::{ComputedBlocksTracker, Sequence, SequenceExtras, SequenceHasher, TokenIds};

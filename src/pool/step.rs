@@ -1,7 +1,12 @@
-//! `KVCacheManager::schedule_step`: a whole scheduler step in one call, with exactly
-//! the results of the one-by-one calls a scheduler would make.
+//! `schedule_step`: a whole scheduler step in one call, with exactly the results of
+//! the one-by-one calls a scheduler would make, optionally under vLLM's step limits
+//! (a token budget, a cap on scheduled requests, preemption of the newest running
+//! requests when the pool is short).
+//!
+//! The driver here is the one implementation of those rules; [`super::KVCacheManager`]
+//! and [`super::GroupManager`] provide [`StepManager`], the per-request part.
 
-use super::error::PoolResult;
+use super::error::{PoolError, PoolResult};
 use super::manager::{unknown, KVCacheManager, SlotRequest};
 use super::request_id::RequestId;
 
@@ -17,19 +22,261 @@ pub struct StepRequest<'a> {
     pub num_lookahead_tokens: usize,
 }
 
-/// What a batched step did, per request in order.
+/// The limits of one step beyond each request's own token count. The default (no
+/// budget, no cap, no stop, no preemption) is the one-by-one calls in order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepLimits {
+    /// Tokens the whole step may schedule (prefix hits are free): each request gets at
+    /// most what is left (a waiting request's prefill is chunked to it), and once
+    /// it is spent the rest get [`StepStatus::TokenBudget`].
+    pub token_budget: Option<usize>,
+    /// Requests the step may schedule; the rest get [`StepStatus::RequestCap`].
+    pub max_num_requests: Option<usize>,
+    /// The first request that fails ([`StepStatus::NoBlocks`] or
+    /// [`StepStatus::NoTokens`]) ends the step: the rest get [`StepStatus::Skipped`]
+    /// (vLLM's waiting queue does so).
+    pub stop_at_first_failure: bool,
+    /// A running request that does not fit preempts running requests from the end of
+    /// the step, newest first, until it fits, or itself when none is left (vLLM's
+    /// FCFS rule); after a preemption no waiting request is admitted in the step.
+    /// The request ids must then be distinct.
+    pub preempt: bool,
+}
+
+/// What happened to one request of a step.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepStatus {
+    /// Its slots were allocated.
+    Scheduled = 0,
+    /// The pool could not hold it; nothing changed for it.
+    NoBlocks = 1,
+    /// It had nothing to schedule (no new tokens and no hit).
+    NoTokens = 2,
+    /// The step's token budget was spent before it.
+    TokenBudget = 3,
+    /// The step had already scheduled `max_num_requests` requests.
+    RequestCap = 4,
+    /// Not tried: an earlier failure ended the step, or (a waiting request) the step
+    /// preempted.
+    Skipped = 5,
+    /// Preempted to make room for an earlier request (or for itself): its blocks are
+    /// freed and it restarts from zero computed tokens.
+    Preempted = 6,
+}
+
+/// What a batched step did, per request in order. With `G` groups (1 for
+/// [`KVCacheManager`]), request `i`'s group-`g` new blocks are
+/// `block_ids[offsets[i * G + g]..offsets[i * G + g + 1]]`, and its prefix hit's blocks
+/// are cut from `hit_block_ids` by `hit_offsets` the same way.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StepOutcome {
     /// New block ids of every request, back to back.
     pub block_ids: Vec<u32>,
-    /// `block_ids[offsets[i]..offsets[i + 1]]` are request `i`'s new blocks.
+    /// `n * G + 1` offsets into `block_ids`.
     pub offsets: Vec<usize>,
-    /// Tokens scheduled per request (0 where allocation failed or was not tried).
+    /// The blocks of every admitted request's prefix hit, back to back.
+    pub hit_block_ids: Vec<u32>,
+    /// `n * G + 1` offsets into `hit_block_ids`.
+    pub hit_offsets: Vec<usize>,
+    /// Tokens scheduled per request (0 unless scheduled).
     pub num_scheduled_tokens: Vec<usize>,
-    /// Prefix-hit tokens per request (non-zero only for requests starting now).
+    /// Prefix-hit tokens per request (non-zero only for requests admitted now).
     pub num_hit_tokens: Vec<usize>,
-    /// Whether each request got its slots.
+    /// Whether each request got its slots (`status == Scheduled`).
     pub allocated: Vec<bool>,
+    /// What happened to each request.
+    pub status: Vec<StepStatus>,
+}
+
+/// The outcome of trying one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Attempt {
+    /// Allocated: tokens scheduled and prefix-hit tokens.
+    Scheduled(usize, usize),
+    /// Nothing to schedule.
+    NoTokens,
+    /// Does not fit; nothing changed.
+    NoBlocks,
+}
+
+/// The per-request part of a step, provided by each manager.
+pub(super) trait StepManager {
+    /// KV-cache groups per request table.
+    fn num_groups(&self) -> usize;
+    /// Whether the request is known.
+    fn knows(&self, id: &RequestId) -> bool;
+    /// Whether the known request has not started (no blocks, nothing computed).
+    fn is_waiting(&self, id: &RequestId) -> bool;
+    /// Tries to schedule at most `max_new` of `req.num_new_tokens` tokens (a waiting
+    /// request looks its hit up first and schedules at most the rest of its tokens).
+    /// On success appends its new blocks and `G` end offsets to `out.block_ids` /
+    /// `out.offsets`, and its hit likewise to `out.hit_block_ids` / `out.hit_offsets`;
+    /// otherwise leaves `out` as it was.
+    fn try_schedule(
+        &mut self,
+        req: &StepRequest<'_>,
+        max_new: usize,
+        out: &mut StepOutcome,
+    ) -> PoolResult<Attempt>;
+    /// Preempts a known request.
+    fn preempt_request(&mut self, id: &RequestId) -> PoolResult<()>;
+}
+
+/// Runs one step on `m` under `limits`, appending to `out` (see [`StepOutcome`]).
+/// Unknown ids (and, with preemption, repeated ids) fail the whole step before
+/// anything changes.
+pub(super) fn run_step<M: StepManager>(
+    m: &mut M,
+    step: &[StepRequest<'_>],
+    limits: StepLimits,
+    out: &mut StepOutcome,
+) -> PoolResult<()> {
+    if let Some(r) = step.iter().find(|r| !m.knows(r.id)) {
+        return Err(unknown(r.id));
+    }
+    if limits.preempt && step.len() > 1 {
+        let mut seen = hashbrown::HashSet::with_capacity(step.len());
+        if let Some(r) = step.iter().find(|r| !seen.insert(r.id)) {
+            return Err(PoolError::InvalidArgument(format!(
+                "request {} appears twice in a step with preemption",
+                r.id
+            )));
+        }
+    }
+    let groups = m.num_groups();
+    out.offsets.push(out.block_ids.len());
+    out.hit_offsets.push(out.hit_block_ids.len());
+    let mut budget = limits.token_budget.unwrap_or(usize::MAX);
+    let cap = limits.max_num_requests.unwrap_or(usize::MAX);
+    let (mut num_scheduled, mut stopped, mut preempted_any) = (0, false, false);
+    let mut preempted: Vec<bool> = Vec::new();
+    for (i, req) in step.iter().enumerate() {
+        let status = if preempted.get(i).copied().unwrap_or(false) {
+            StepStatus::Preempted
+        } else if stopped {
+            StepStatus::Skipped
+        } else if budget == 0 {
+            StepStatus::TokenBudget
+        } else if num_scheduled >= cap {
+            StepStatus::RequestCap
+        } else if preempted_any && m.is_waiting(req.id) {
+            StepStatus::Skipped
+        } else {
+            loop {
+                match m.try_schedule(req, budget, out)? {
+                    Attempt::Scheduled(tokens, hit) => {
+                        budget -= tokens;
+                        num_scheduled += 1;
+                        out.num_scheduled_tokens.push(tokens);
+                        out.num_hit_tokens.push(hit);
+                        break StepStatus::Scheduled;
+                    }
+                    Attempt::NoTokens => break StepStatus::NoTokens,
+                    Attempt::NoBlocks if !limits.preempt || m.is_waiting(req.id) => {
+                        break StepStatus::NoBlocks
+                    }
+                    Attempt::NoBlocks => {
+                        preempted.resize(step.len(), false);
+                        preempted_any = true;
+                        let victim = (i + 1..step.len())
+                            .rev()
+                            .find(|&j| !preempted[j] && !m.is_waiting(step[j].id));
+                        match victim {
+                            Some(j) => {
+                                m.preempt_request(step[j].id)?;
+                                preempted[j] = true;
+                            }
+                            None => {
+                                m.preempt_request(req.id)?;
+                                break StepStatus::Preempted;
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        if status != StepStatus::Scheduled {
+            stopped |= limits.stop_at_first_failure
+                && matches!(status, StepStatus::NoBlocks | StepStatus::NoTokens);
+            let (end, hit_end) = (out.block_ids.len(), out.hit_block_ids.len());
+            out.offsets.extend(std::iter::repeat_n(end, groups));
+            out.hit_offsets.extend(std::iter::repeat_n(hit_end, groups));
+            out.num_scheduled_tokens.push(0);
+            out.num_hit_tokens.push(0);
+        }
+        out.allocated.push(status == StepStatus::Scheduled);
+        out.status.push(status);
+    }
+    Ok(())
+}
+
+impl StepManager for KVCacheManager {
+    fn num_groups(&self) -> usize {
+        1
+    }
+
+    fn knows(&self, id: &RequestId) -> bool {
+        self.requests.contains_key(id)
+    }
+
+    fn is_waiting(&self, id: &RequestId) -> bool {
+        self.requests.get(id).is_some_and(|r| r.waiting())
+    }
+
+    fn try_schedule(
+        &mut self,
+        req: &StepRequest<'_>,
+        max_new: usize,
+        out: &mut StepOutcome,
+    ) -> PoolResult<Attempt> {
+        let Self {
+            pool,
+            requests,
+            stats,
+            max_model_len,
+            ..
+        } = self;
+        let request = requests.get_mut(req.id).ok_or_else(|| unknown(req.id))?;
+        let hit_start = out.hit_block_ids.len();
+        let mut num_new = req.num_new_tokens.min(max_new);
+        let mut hit_tokens = 0;
+        if request.waiting() {
+            hit_tokens = request
+                .seq
+                .lookup_computed_blocks(pool, &mut out.hit_block_ids)?;
+            num_new = num_new.min(request.seq.num_tokens() - hit_tokens);
+        }
+        if num_new + hit_tokens == 0 {
+            out.hit_block_ids.truncate(hit_start);
+            return Ok(Attempt::NoTokens);
+        }
+        let call = SlotRequest {
+            num_new_tokens: num_new,
+            num_new_computed_tokens: hit_tokens,
+            new_computed_blocks: &out.hit_block_ids[hit_start..],
+            num_lookahead_tokens: req.num_lookahead_tokens,
+        };
+        if Self::allocate(
+            pool,
+            stats,
+            *max_model_len,
+            request,
+            &call,
+            &mut out.block_ids,
+        )? {
+            out.offsets.push(out.block_ids.len());
+            out.hit_offsets.push(out.hit_block_ids.len());
+            Ok(Attempt::Scheduled(num_new, hit_tokens))
+        } else {
+            out.hit_block_ids.truncate(hit_start);
+            Ok(Attempt::NoBlocks)
+        }
+    }
+
+    fn preempt_request(&mut self, id: &RequestId) -> PoolResult<()> {
+        self.preempt(id)
+    }
 }
 
 impl KVCacheManager {
@@ -37,63 +284,15 @@ impl KVCacheManager {
     /// has not started first looks up its prefix hit and schedules
     /// `min(num_new_tokens, num_tokens - hit)` tokens; a running one schedules
     /// `num_new_tokens`. Then its slots are allocated as by
-    /// [`Self::allocate_slots`]. A request that does not fit is marked and, with
-    /// `stop_at_first_failure`, ends the step (vLLM's waiting queue does so).
+    /// [`Self::allocate_slots`]. `limits` adds vLLM's step rules (see
+    /// [`StepLimits`]); with the default limits this is exactly the one-by-one calls.
     /// Unknown ids fail the whole step before anything changes.
     pub fn schedule_step(
         &mut self,
         step: &[StepRequest<'_>],
-        stop_at_first_failure: bool,
+        limits: StepLimits,
         out: &mut StepOutcome,
     ) -> PoolResult<()> {
-        self.check_known(step.iter().map(|r| r.id))?;
-        let Self {
-            pool,
-            requests,
-            stats,
-            max_model_len,
-            hits_scratch: hits,
-            ..
-        } = self;
-        out.offsets.push(out.block_ids.len());
-        let mut stopped = false;
-        for req in step {
-            let (mut scheduled, mut hit_tokens, mut ok) = (0, 0, false);
-            if !stopped {
-                let request = requests.get_mut(req.id).ok_or_else(|| unknown(req.id))?;
-                hits.clear();
-                let mut num_new = req.num_new_tokens;
-                if request.waiting() {
-                    hit_tokens = request.seq.lookup_computed_blocks(pool, hits)?;
-                    num_new = num_new.min(request.seq.num_tokens() - hit_tokens);
-                }
-                let call = SlotRequest {
-                    num_new_tokens: num_new,
-                    num_new_computed_tokens: hit_tokens,
-                    new_computed_blocks: hits,
-                    num_lookahead_tokens: req.num_lookahead_tokens,
-                };
-                ok = num_new + hit_tokens > 0
-                    && Self::allocate(
-                        pool,
-                        stats,
-                        *max_model_len,
-                        request,
-                        &call,
-                        &mut out.block_ids,
-                    )?;
-                if ok {
-                    scheduled = num_new;
-                } else {
-                    hit_tokens = 0;
-                    stopped = stop_at_first_failure;
-                }
-            }
-            out.num_scheduled_tokens.push(scheduled);
-            out.num_hit_tokens.push(hit_tokens);
-            out.allocated.push(ok);
-            out.offsets.push(out.block_ids.len());
-        }
-        Ok(())
+        run_step(self, step, limits, out)
     }
 }

@@ -73,6 +73,7 @@ from kvpool.reference.hashing import DIGEST_LEN, MAX_BLOCK_SIZE, BlockHasher, ch
 from kvpool.reference.eviction import BlockPriority
 from kvpool.reference.pool import MAX_NUM_BLOCKS, BlockPool, _as_priority
 from kvpool.stats import PrefixCacheStats
+from kvpool.step_status import StepStatus
 
 __all__ = ["KVCacheManager", "StepResult"]
 
@@ -89,18 +90,23 @@ DEFAULT_STATS_WINDOW = 1000
 class StepResult:
     """What ``KVCacheManager.schedule_step`` did, per request in order.
 
-    Request ``i``'s new blocks are ``block_ids[offsets[i]:offsets[i + 1]]``.
+    Request ``i``'s new blocks are ``block_ids[offsets[i]:offsets[i + 1]]`` and the blocks of
+    its prefix hit (requests admitted in this step) ``hit_block_ids[hit_offsets[i]:hit_offsets[i
+    + 1]]``; ``status[i]`` is a ``StepStatus`` code.
     """
 
     block_ids: npt.NDArray[np.int32]
     offsets: npt.NDArray[np.int64]
+    hit_block_ids: npt.NDArray[np.int32]
+    hit_offsets: npt.NDArray[np.int64]
     num_scheduled_tokens: npt.NDArray[np.int64]
     num_hit_tokens: npt.NDArray[np.int64]
     allocated: npt.NDArray[np.bool_]
+    status: npt.NDArray[np.uint8]
 
     def __len__(self) -> int:
         """The number of requests in the step."""
-        return len(self.allocated)
+        return len(self.status)
 
 
 @dataclass
@@ -581,17 +587,29 @@ class KVCacheManager:
         *,
         num_lookahead_tokens: Any = None,
         stop_at_first_failure: bool | None = None,
+        token_budget: int | None = None,
+        max_num_requests: int | None = None,
+        preempt: bool | None = None,
     ) -> StepResult:
         """One scheduler step: for each request in order, a waiting one looks up its prefix hit
         and schedules ``min(num_new_tokens[i], num_tokens - hit)``; a running one schedules
         ``num_new_tokens[i]``; then slots are allocated as by ``allocate_slots``.
 
-        A request that does not fit (or has nothing to schedule) gets ``allocated[i] == False``
-        and, with ``stop_at_first_failure``, ends the step. Unknown ids fail the whole call
-        before anything changes.
+        vLLM's step rules, all off by default (then this is exactly the one-by-one calls):
+        ``stop_at_first_failure`` skips the rest after the first failure (no blocks, or
+        nothing to schedule); ``token_budget`` caps the tokens the step schedules (hits are
+        free; each request gets at most what is left); ``max_num_requests`` caps the requests
+        it schedules; ``preempt`` lets a running request that does not fit preempt running
+        requests from the end of the list, newest first, or itself when none is left, after
+        which no waiting request is admitted (ids must then be distinct). ``status`` says
+        what happened to each request. Unknown ids fail the whole call before anything
+        changes.
         """
         rids = as_request_ids(request_ids)
         stop = as_bool_arg(stop_at_first_failure, "stop_at_first_failure", False)
+        budget = as_opt_int_arg(token_budget, "token_budget", 0, I64_MAX)
+        cap = as_opt_int_arg(max_num_requests, "max_num_requests", 0, I64_MAX)
+        may_preempt = as_bool_arg(preempt, "preempt", False)
         budgets = as_per_request(num_new_tokens, "num_new_tokens", len(rids))
         lookaheads = (
             [0] * len(rids)
@@ -599,41 +617,77 @@ class KVCacheManager:
             else as_per_request(num_lookahead_tokens, "num_lookahead_tokens", len(rids))
         )
         requests = [self._get(rid) for rid in rids]
+        if may_preempt and len(set(rids)) < len(rids):
+            dup = next(r for i, r in enumerate(rids) if r in rids[:i])
+            raise InvalidArgumentError(f"request {dup} appears twice in a step with preemption")
 
+        left = I64_MAX if budget is None else budget
+        cap = I64_MAX if cap is None else cap
         block_ids: list[int] = []
         offsets = [0]
+        hit_ids: list[int] = []
+        hit_offsets = [0]
         scheduled: list[int] = []
         hit_tokens: list[int] = []
-        allocated: list[bool] = []
+        status: list[StepStatus] = []
+        preempted: set[int] = set()
         stopped = False
-        for request, budget, lookahead in zip(requests, budgets, lookaheads):
-            num_new, num_hit, ok = 0, 0, False
-            if not stopped:
+        for i, (request, wanted, lookahead) in enumerate(zip(requests, budgets, lookaheads)):
+            num_new = num_hit = 0
+            if i in preempted:
+                outcome = StepStatus.PREEMPTED
+            elif stopped:
+                outcome = StepStatus.SKIPPED
+            elif left == 0:
+                outcome = StepStatus.TOKEN_BUDGET
+            elif sum(1 for st in status if st == StepStatus.SCHEDULED) >= cap:
+                outcome = StepStatus.REQUEST_CAP
+            elif preempted and request.waiting:
+                outcome = StepStatus.SKIPPED
+            else:
                 hits: list[int] = []
-                num_new = budget
+                num_new = min(wanted, left)
                 if request.waiting:
                     hits = self._lookup(request)
                     num_hit = len(hits) * self._block_size
-                    num_new = min(budget, len(request.tokens) - num_hit)
-                new_blocks = None
-                if num_new + num_hit > 0:
+                    num_new = min(num_new, len(request.tokens) - num_hit)
+                while True:
+                    if num_new + num_hit == 0:
+                        outcome = StepStatus.NO_TOKENS
+                        break
                     new_blocks = self._allocate(request, num_new, num_hit, hits, lookahead)
-                ok = new_blocks is not None
-                if new_blocks is not None:
-                    block_ids.extend(new_blocks)
-                else:
-                    num_new, num_hit = 0, 0
-                    stopped = stop
+                    if new_blocks is not None:
+                        outcome = StepStatus.SCHEDULED
+                        block_ids.extend(new_blocks)
+                        hit_ids.extend(hits)
+                        left -= num_new
+                        break
+                    if not may_preempt or request.waiting:
+                        outcome = StepStatus.NO_BLOCKS
+                        break
+                    victims = [j for j in range(len(rids) - 1, i, -1) if j not in preempted and not requests[j].waiting]
+                    preempted.add(victims[0] if victims else i)
+                    self.preempt(rids[victims[0] if victims else i])
+                    if not victims:
+                        outcome = StepStatus.PREEMPTED
+                        break
+                if outcome != StepStatus.SCHEDULED:
+                    num_new = num_hit = 0
+                    stopped = stop and outcome in (StepStatus.NO_BLOCKS, StepStatus.NO_TOKENS)
             scheduled.append(num_new)
             hit_tokens.append(num_hit)
-            allocated.append(ok)
+            status.append(outcome)
             offsets.append(len(block_ids))
+            hit_offsets.append(len(hit_ids))
         return StepResult(
             block_ids=np.array(block_ids, dtype=np.int32),
             offsets=np.array(offsets, dtype=np.int64),
+            hit_block_ids=np.array(hit_ids, dtype=np.int32),
+            hit_offsets=np.array(hit_offsets, dtype=np.int64),
             num_scheduled_tokens=np.array(scheduled, dtype=np.int64),
             num_hit_tokens=np.array(hit_tokens, dtype=np.int64),
-            allocated=np.array(allocated, dtype=np.bool_),
+            allocated=np.array([st == StepStatus.SCHEDULED for st in status], dtype=np.bool_),
+            status=np.array([int(st) for st in status], dtype=np.uint8),
         )
 
     # -- freeing ------------------------------------------------------------------------------

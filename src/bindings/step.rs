@@ -1,0 +1,178 @@
+//! ``schedule_step``'s arguments and its result, ``kvpool.StepResult``, shared by
+//! ``KVCacheManager`` and ``GroupManager``.
+
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+
+use super::convert::{extract_i64s, ids_to_numpy, opt_bool_arg, opt_int_arg};
+use super::errors::{error, ErrorKind};
+use crate::pool::{StepLimits, StepOutcome, StepRequest, StepStatus};
+
+/// What ``schedule_step`` did, per request in the order given.
+///
+/// With ``G`` groups (1 for ``KVCacheManager``), request ``i``'s group-``g`` new blocks
+/// are ``block_ids[offsets[i * G + g]:offsets[i * G + g + 1]]``; the blocks of its prefix
+/// hit (requests admitted in this step) are cut from ``hit_block_ids`` by ``hit_offsets``
+/// the same way, so an admitted request's whole table is its hit followed by its new
+/// blocks. ``status[i]`` is a ``kvpool.StepStatus`` code saying what happened to it.
+#[pyclass(frozen, module = "kvpool", name = "StepResult")]
+pub struct PyStepResult {
+    /// New block ids of every request, back to back (int32).
+    #[pyo3(get)]
+    block_ids: Py<PyArray1<i32>>,
+    /// Where each request's (and group's) new blocks start and end (int64).
+    #[pyo3(get)]
+    offsets: Py<PyArray1<i64>>,
+    /// The prefix-hit blocks of every request admitted in this step, back to back (int32).
+    #[pyo3(get)]
+    hit_block_ids: Py<PyArray1<i32>>,
+    /// Where each request's (and group's) hit blocks start and end (int64).
+    #[pyo3(get)]
+    hit_offsets: Py<PyArray1<i64>>,
+    /// Tokens scheduled per request (int64; 0 unless scheduled).
+    #[pyo3(get)]
+    num_scheduled_tokens: Py<PyArray1<i64>>,
+    /// Prefix-hit tokens per request (int64; non-zero only for requests admitted now).
+    #[pyo3(get)]
+    num_hit_tokens: Py<PyArray1<i64>>,
+    /// Whether each request got its slots (bool; ``status == StepStatus.SCHEDULED``).
+    #[pyo3(get)]
+    allocated: Py<PyArray1<bool>>,
+    /// What happened to each request: a ``kvpool.StepStatus`` code (uint8).
+    #[pyo3(get)]
+    status: Py<PyArray1<u8>>,
+}
+
+#[pymethods]
+impl PyStepResult {
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.status.bind(py).len().unwrap_or(0)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let status = self.status.bind(py).to_vec().unwrap_or_default();
+        let count = |s: StepStatus| status.iter().filter(|&&c| c == s as u8).count();
+        format!(
+            "StepResult(requests={}, allocated={}, new_blocks={}, hit_blocks={}, preempted={})",
+            status.len(),
+            count(StepStatus::Scheduled),
+            self.block_ids.bind(py).len().unwrap_or(0),
+            self.hit_block_ids.bind(py).len().unwrap_or(0),
+            count(StepStatus::Preempted),
+        )
+    }
+}
+
+impl PyStepResult {
+    /// The result of a core step.
+    pub(super) fn from_outcome(py: Python<'_>, outcome: StepOutcome) -> Self {
+        let as_i64 = |v: &[usize]| PyArray1::from_iter(py, v.iter().map(|&x| x as i64)).unbind();
+        let status: Vec<u8> = outcome.status.iter().map(|&s| s as u8).collect();
+        Self {
+            block_ids: ids_to_numpy(py, &outcome.block_ids).unbind(),
+            offsets: as_i64(&outcome.offsets),
+            hit_block_ids: ids_to_numpy(py, &outcome.hit_block_ids).unbind(),
+            hit_offsets: as_i64(&outcome.hit_offsets),
+            num_scheduled_tokens: as_i64(&outcome.num_scheduled_tokens),
+            num_hit_tokens: as_i64(&outcome.num_hit_tokens),
+            allocated: PyArray1::from_vec(py, outcome.allocated).unbind(),
+            status: PyArray1::from_vec(py, status).unbind(),
+        }
+    }
+}
+
+/// A step's limits from ``schedule_step``'s keyword arguments.
+pub(super) fn step_limits(
+    stop_at_first_failure: Option<&Bound<'_, PyAny>>,
+    token_budget: Option<&Bound<'_, PyAny>>,
+    max_num_requests: Option<&Bound<'_, PyAny>>,
+    preempt: Option<&Bound<'_, PyAny>>,
+) -> PyResult<StepLimits> {
+    let count = |obj, what| -> PyResult<Option<usize>> {
+        Ok(opt_int_arg(obj, what, 0, i64::MAX)?.map(|v| v as usize))
+    };
+    Ok(StepLimits {
+        token_budget: count(token_budget, "token_budget")?,
+        max_num_requests: count(max_num_requests, "max_num_requests")?,
+        stop_at_first_failure: opt_bool_arg(stop_at_first_failure, "stop_at_first_failure", false)?,
+        preempt: opt_bool_arg(preempt, "preempt", false)?,
+    })
+}
+
+/// A step's request ids and per-request new and lookahead token counts, converted.
+#[allow(clippy::type_complexity)]
+pub(super) fn step_args(
+    request_ids: &Bound<'_, PyAny>,
+    num_new_tokens: &Bound<'_, PyAny>,
+    num_lookahead_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(Vec<crate::pool::RequestId>, Vec<usize>, Vec<usize>)> {
+    let ids = super::requests::request_ids(request_ids)?;
+    let news = per_request_counts(num_new_tokens, ids.len(), "num_new_tokens")?;
+    let lookaheads = match num_lookahead_tokens.filter(|o| !o.is_none()) {
+        Some(obj) => per_request_counts(obj, ids.len(), "num_lookahead_tokens")?,
+        None => vec![0; ids.len()],
+    };
+    Ok((ids, news, lookaheads))
+}
+
+/// The step of [`step_args`]' result, borrowing its ids.
+pub(super) fn step_requests<'a>(
+    ids: &'a [crate::pool::RequestId],
+    news: &[usize],
+    lookaheads: &[usize],
+) -> Vec<StepRequest<'a>> {
+    ids.iter()
+        .zip(news.iter().zip(lookaheads))
+        .map(
+            |(id, (&num_new_tokens, &num_lookahead_tokens))| StepRequest {
+                id,
+                num_new_tokens,
+                num_lookahead_tokens,
+            },
+        )
+        .collect()
+}
+
+/// A per-request count for a step of `n` requests: one int for all, or a sequence
+/// of `n` non-negative ints.
+pub(super) fn per_request_counts(
+    obj: &Bound<'_, PyAny>,
+    n: usize,
+    what: &str,
+) -> PyResult<Vec<usize>> {
+    let py = obj.py();
+    if let Some(v) = obj
+        .extract::<i64>()
+        .ok()
+        .filter(|_| !super::convert::is_bool_like(obj))
+    {
+        if v < 0 {
+            return Err(error(
+                py,
+                ErrorKind::InvalidArgument,
+                format!("{what} must be >= 0"),
+            ));
+        }
+        return Ok(vec![v as usize; n]);
+    }
+    let mut raw = Vec::new();
+    extract_i64s(obj, what, &mut raw)?;
+    if raw.len() != n {
+        return Err(error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!("{what} has {} entries for {n} requests", raw.len()),
+        ));
+    }
+    raw.into_iter()
+        .map(|v| {
+            usize::try_from(v).map_err(|_| {
+                error(
+                    py,
+                    ErrorKind::InvalidArgument,
+                    format!("{what} must be >= 0"),
+                )
+            })
+        })
+        .collect()
+}
