@@ -22,7 +22,7 @@ needs_core = pytest.mark.skipif(not HAVE_CORE, reason="kvpool._core is not built
 # capacity 4 hits 7 blocks and evicts 3, unbounded hits 8.
 HAND = [([1, 2, 3], 10), ([1, 2, 4, 5], 15), ([1, 2, 3, 6, 7, 8], 22), ([1, 2, 3], 10)]
 SIM_KEYS = ["trace", "capacity_blocks", "requests", "blocks", "hit_blocks", "block_hit_ratio",
-            "token_hit_ratio", "evictions", "seconds", "policy"]
+            "token_hit_ratio", "evictions", "seconds", "policy", "capacity_tokens", "capacity_gib", "mode"]
 
 
 @pytest.fixture
@@ -126,8 +126,8 @@ def test_simulate_table(capsys: pytest.CaptureFixture[str], hand_trace: Path) ->
     lines = out.splitlines()
     assert status == 0
     assert lines[0] == "hand.jsonl: 4 requests, 16 blocks (8 distinct ids), 4 tokens per block"
-    assert lines[1].split() == ["capacity", "hit_blocks", "block_hit", "token_hit", "evictions", "pool_s"]
-    assert lines[2].split()[:5] == ["4", "7", "0.4375", f"{26 / 57:.4f}", "3"]
+    assert lines[1].split() == ["capacity", "tokens", "hit_blocks", "block_hit", "token_hit", "evictions", "pool_s"]
+    assert lines[2].split()[:6] == ["4", "16", "7", "0.4375", f"{26 / 57:.4f}", "3"]
     assert lines[3].split()[:5] == ["unbounded", "8", "0.5000", f"{30 / 57:.4f}", "0"]
 
 
@@ -163,6 +163,16 @@ def test_simulate_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         (["--block-tokens", "-1"], "expected a positive integer"),
         (["--impl", "vllm"], "invalid choice"),
         (["--bogus"], "unrecognized arguments"),
+        (["--capacity-gib", "40"], "--capacity-gib needs the model's KV bytes per token"),
+        (["--capacity-gib", "-1", "--model", "llama3-8b"], "expected a positive number"),
+        (["--capacity-gib", "0.01", "--model", "llama3-8b"], "--capacity-gib 0.01 holds less than one block"),
+        (["--capacity-tokens", "3"], "--capacity-tokens 3 holds less than one block of 512 tokens"),
+        (["--capacity-tokens", "9", "--capacity-blocks", "2"], "not allowed with argument"),
+        (["--model", "gpt-9"], "--model: 'gpt-9' is neither a preset"),
+        (["--model", "llama3-8b", "--kv-bytes-per-token", "2"], "not allowed with argument"),
+        (["--timed", "--max-running", "0"], "expected a positive integer"),
+        (["--timed", "--decode-tps", "nan"], "expected a positive number"),
+        (["--model-layers", "gemma3", "--timed"], "--capacity-blocks only and no --timed"),
     ],
 )
 def test_simulate_bad_options(capsys: pytest.CaptureFixture[str], hand_trace: Path, args: list[str], message: str) -> None:
@@ -334,3 +344,44 @@ def test_a_bad_plot_path_fails_before_any_replay(capsys: pytest.CaptureFixture[s
     for extra in ([], ["--policy", "lru", "adaptive"]):
         status, out, err = run(capsys, "simulate", str(hand_trace), "--plot", str(tmp_path / bad), "--quiet", *extra)
         assert status == 2 and out == "" and "--plot" in err
+
+
+@needs_core
+def test_simulate_capacity_in_tokens_and_gib(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    """Tokens and GiB become whole blocks; each row says its capacity in all three units."""
+    _, out, _ = run(capsys, "simulate", str(hand_trace), "--block-tokens", "4", "--capacity-tokens", "17", "8", "--json")
+    rows = json_lines(out)
+    assert [(r["capacity_blocks"], r["capacity_tokens"], r["capacity_gib"]) for r in rows] == [(4, 16, None), (2, 8, None)]
+    assert rows[0]["hit_blocks"] == 7  # as --capacity-blocks 4
+    _, out, _ = run(capsys, "simulate", str(hand_trace), "--block-tokens", "4", "--capacity-gib", "1",
+                    "--kv-bytes-per-token", str(2**26), "--json")
+    (row,) = json_lines(out)
+    assert (row["capacity_blocks"], row["capacity_gib"]) == (4, 1.0)
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--block-tokens", "4", "--capacity-gib", "1",
+                         "--model", f"1:1:{2**20}:bf16")
+    assert status == 0 and "GiB" in out.splitlines()[1] and "4,194,304 KV bytes per token" in out.splitlines()[0]
+
+
+@needs_core
+def test_simulate_timed(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--block-tokens", "4", "--capacity-blocks", "6",
+                         "--timed", "--prefill-tps", "1", "--decode-tps", "1", "--max-running", "2", "--json")
+    (row,) = json_lines(out)
+    assert status == 0 and row["mode"] == "timed" and row["capacity_tokens"] == 24
+    assert (row["max_running"], row["prefill_tokens_per_s"]) == (2, 1.0) and row["peak_running"] <= 2
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--block-tokens", "4", "--capacity-blocks", "6",
+                         "--timed", "--policy", "lru", "adaptive", "--unbounded")
+    lines = out.splitlines()
+    assert status == 0 and lines[1].startswith("timed: prefill 10000 tokens/s")
+    assert [line.split()[:2] for line in lines[3:]] == [["lru", "6"], ["lru", "unbounded"],
+                                                       ["adaptive", "6"], ["adaptive", "unbounded"]]
+
+
+@needs_core
+def test_simulate_reads_stdin_and_warns(hand_trace: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "kvpool", "simulate", "-", "--capacity-blocks", "4", "--json"],
+                          input=hand_trace.read_text(), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json_lines(done.stdout)[0]["trace"] == "stdin"
+    # The hand trace counts 4 tokens per id: at the default 512 its lengths disagree with its ids.
+    assert "warning: 4 of 4 requests have an input_length" in done.stderr

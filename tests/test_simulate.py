@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import kvpool
+from kvpool.capacity import CapacityUnits
 from kvpool.simulate import (
     CHUNK,
     Impl,
@@ -322,14 +323,19 @@ def test_plot_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", matplotlib)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", pyplot)
     results = simulate(make_trace(*HAND), [4, 1, None, 2], block_tokens=4, impl=get_impl("reference"))
-    save_plot(results, "out.png")
+    save_plot(results, "out.png", units=CapacityUnits(4))
     matplotlib.use.assert_called_once_with("Agg")  # type: ignore[attr-defined]
-    block_line, token_line = ax.plot.call_args_list
-    assert block_line.args[:2] == ([1, 2, 4], [3 / 16, 6 / 16, 7 / 16])  # sorted by capacity
-    assert token_line.args[:2] == ([1, 2, 4], [12 / 57, 24 / 57, 26 / 57])
-    assert [c.args[0] for c in ax.axhline.call_args_list] == [8 / 16, 30 / 57]  # the unbounded ceiling
+    (line,) = ax.plot.call_args_list  # one curve: LRU's token hit ratio, by capacity in tokens
+    assert line.args[:2] == ([4.0, 8.0, 16.0], [12 / 57, 24 / 57, 26 / 57])
+    assert line.kwargs["label"] == "lru"
+    assert [c.args[0] for c in ax.axhline.call_args_list] == [30 / 57]  # the unbounded ceiling
+    ax.set_xlabel.assert_called_once_with("capacity (tokens)")
     fig.savefig.assert_called_once_with("out.png", dpi=120)
     pyplot.close.assert_called_once_with(fig)  # type: ignore[attr-defined]
+    ax.reset_mock()
+    save_plot(results, "out.png", units=CapacityUnits(4, bytes_per_token=2**28))  # 1 GiB per block
+    assert ax.plot.call_args_list[0].args[0] == [1.0, 2.0, 4.0]
+    assert "GiB" in ax.set_xlabel.call_args.args[0]
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +20,7 @@ from kvpool.traces import (
     load_trace,
     parse_trace,
     synthetic_trace,
+    trace_warnings,
 )
 
 SHARED = Path("/work/shared/traces")
@@ -101,6 +105,41 @@ def test_invalid_utf8_is_a_bad_line(tmp_path: Path) -> None:
 def test_empty_file(tmp_path: Path, text: str) -> None:
     with pytest.raises(TraceError, match="the trace is empty"):
         load_trace(write(tmp_path, text))
+
+
+def test_gzip_and_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = GOOD + "\n" + GOOD + "\n"
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    trace = load_trace(path)
+    assert trace.name == "t.jsonl" and trace.num_requests == 2
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    trace = load_trace("-")
+    assert trace.name == "stdin" and trace.num_requests == 2
+
+
+def test_bad_gzip(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(b"not gzip at all")
+    with pytest.raises(TraceError, match="cannot read the trace"):
+        load_trace(path)
+    path.write_bytes(gzip.compress(((GOOD + "\n") * 50).encode())[:-12])
+    with pytest.raises(TraceError, match="truncated|cannot read"):
+        load_trace(path)
+
+
+def test_warnings() -> None:
+    def row(t: float, n: int, ids: list[int]) -> str:
+        return json.dumps({"timestamp": t, "input_length": n, "output_length": 0, "hash_ids": ids})
+
+    good = parse_trace([row(0, 8, [1, 2]), row(1, 5, [1, 3])])
+    assert trace_warnings(good, 4) == []
+    (lengths,) = trace_warnings(good, 2)
+    assert "2 of 2 requests" in lengths and "--block-tokens" in lengths
+    back = parse_trace([row(5, 8, [1, 2]), row(1, 4, [1])])
+    assert any("timestamps go back 1 times (first at request 1)" in w for w in trace_warnings(back, 4))
+    tangled = parse_trace([row(0, 8, [1, 2]), row(1, 8, [3, 2])])
+    assert any("not prefix-chained" in w for w in trace_warnings(tangled, 4))
 
 
 def test_missing_file(tmp_path: Path) -> None:

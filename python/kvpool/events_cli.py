@@ -49,7 +49,7 @@ def cmd_listen(args: argparse.Namespace) -> int:
     """``kvpool events listen``."""
     from kvpool.publisher import EventListener
 
-    from kvpool.cli import CliError
+    from kvpool.cli_common import CliError
 
     if args.start is not None and args.replay is None:
         raise CliError("--from needs --replay")
@@ -108,7 +108,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``kvpool events stats``."""
-    from kvpool.cli import CliError
+    from kvpool.cli_common import CliError
 
     records = []
     try:

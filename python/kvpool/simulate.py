@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from kvpool.capacity import CapacityUnits
 from kvpool.traces import MOONCAKE_BLOCK_TOKENS, HashIds, Trace, is_prefix_consistent
 
 __all__ = [
@@ -384,34 +385,65 @@ def plot_path_problem(path: str) -> str | None:
     return None
 
 
-def save_plot(results: Sequence[ReplayResult], path: str) -> None:
-    """Write a PNG of block and token hit ratio against capacity, the unbounded ceiling dashed."""
+def save_plot(results: Sequence[Any], path: str, *, units: CapacityUnits | None = None) -> None:
+    """Write a PNG of token hit ratio against capacity (in GiB when ``units`` knows the model's
+    bytes per token, else in tokens): one curve per eviction policy and replay mode (sequential
+    :class:`ReplayResult` or timed ``TimedResult``), Belady's MIN dashed, the unbounded ceiling
+    dotted. With timed results a second panel shows their 99th-percentile queueing delay, where
+    a capacity too small for the load shows."""
     plt = load_pyplot()
-    points = sorted(((r.capacity_blocks, r) for r in results if r.capacity_blocks is not None), key=lambda p: p[0])
-    bounded = [r for _, r in points]
-    xs = [capacity for capacity, _ in points]
+    units = units or CapacityUnits(MOONCAKE_BLOCK_TOKENS)
+    bounded = [r for r in results if r.capacity_blocks is not None]
+    timed = [r for r in bounded if getattr(r, "mode", "sequential") == "timed"]
+    if timed:
+        fig, (ax, wait_ax) = plt.subplots(2, 1, figsize=(7, 7), sharex=True, height_ratios=(3, 2))
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = list(dict.fromkeys((getattr(r, "mode", "sequential"), r.policy) for r in bounded))
+    several_modes = len({m for m, _ in curves}) > 1
+    for mode, policy in curves:
+        mine = sorted((r for r in bounded if (getattr(r, "mode", "sequential"), r.policy) == (mode, policy)),
+                      key=lambda r: r.capacity_blocks)
+        label = "Belady's MIN (offline bound)" if policy == "belady" else policy
+        if several_modes:
+            label += f" ({mode})"
+        xs = [units.axis(r.capacity_blocks) for r in mine]
+        style = "k--" if policy == "belady" else ("s--" if mode == "timed" and several_modes else "o-")
+        lines = ax.plot(xs, [r.token_hit_ratio for r in mine], style, label=label)
+        if mode == "timed":
+            wait_ax.plot(xs, [r.p99_wait_s for r in mine], "s-", color=lines[0].get_color(), label=label)
     ceiling = next((r for r in results if r.capacity_blocks is None), None)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(xs, [r.block_hit_ratio for r in bounded], "o-", label="block hit ratio")
-    ax.plot(xs, [r.token_hit_ratio for r in bounded], "s--", label="token hit ratio")
     if ceiling is not None:
-        ax.axhline(ceiling.block_hit_ratio, color="C0", linestyle=":", label="unbounded: block")
-        ax.axhline(ceiling.token_hit_ratio, color="C1", linestyle=":", label="unbounded: token")
+        ax.axhline(ceiling.token_hit_ratio, color="grey", linestyle=":", label="unbounded cache")
+    xs = [units.axis(r.capacity_blocks) for r in bounded]
     title = f"prefix-cache hit ratio: {results[0].trace}" if results else "prefix-cache hit ratio"
-    finish_plot(plt, fig, ax, xs, "hit ratio", title, path)
+    if timed:
+        wait_ax.set_yscale("symlog", linthresh=1.0)
+        wait_ax.set_ylim(bottom=0)
+        wait_ax.set_ylabel("p99 queueing delay (s)")
+        wait_ax.grid(True, alpha=0.3)
+        ax.set_xlabel("")
+    top = max([r.token_hit_ratio for r in results] or [0.0])
+    finish_plot(plt, fig, wait_ax if timed else ax, xs, "token hit ratio", title, path,
+                xlabel=units.axis_label, ratio_ax=ax, ratio_top=min(1.0, max(0.1, 1.15 * top)))
 
 
-def finish_plot(plt: Any, fig: Any, ax: Any, xs: Sequence[int], ylabel: str, title: str, path: str) -> None:
-    """The axes every hit-ratio plot shares (capacity in blocks, log-scaled over a decade or more,
-    a 0..1 ratio), then write ``path`` and close the figure."""
-    if len(xs) > 1 and max(xs) / min(xs) >= 10:
+def finish_plot(
+    plt: Any, fig: Any, ax: Any, xs: Sequence[float], ylabel: str, title: str, path: str,
+    *, xlabel: str = "capacity (blocks)", ratio_ax: Any = None, ratio_top: float = 1.0,
+) -> None:
+    """The axes every hit-ratio plot shares (capacity on ``ax``, log-scaled over a decade or
+    more; a ``0..ratio_top`` ratio on ``ratio_ax``, default ``ax``), then write ``path`` and
+    close the figure."""
+    ratio_ax = ax if ratio_ax is None else ratio_ax
+    if len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 10:
         ax.set_xscale("log")
-    ax.set_xlabel("capacity (blocks)")
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(0, 1)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.set_xlabel(xlabel)
+    ratio_ax.set_ylabel(ylabel)
+    ratio_ax.set_ylim(0, ratio_top)
+    ratio_ax.set_title(title)
+    ratio_ax.grid(True, alpha=0.3)
+    ratio_ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

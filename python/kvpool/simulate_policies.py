@@ -1,18 +1,18 @@
-"""The side-by-side output of ``kvpool simulate --policy``: a table and a plot of hit ratio per policy.
+"""The side-by-side table of ``kvpool simulate --policy``: hit ratio per policy (its plot is
+:func:`kvpool.simulate.save_plot`, one curve per policy).
 
 Rows are capacities, columns the policies and Belady's MIN (the offline bound); each cell is the
-block hit ratio, with the ratio to LRU's hits when LRU is among the columns. The plot draws one
-curve per policy, MIN dashed and the unbounded ceiling dotted.
+block hit ratio, with the ratio to LRU's hits when LRU is among the columns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvpool.simulate import ReplayResult, finish_plot, load_pyplot
+from kvpool.simulate import ReplayResult
 from kvpool.traces import Trace
 
-__all__ = ["policies_table", "save_policies_plot"]
+__all__ = ["policies_table"]
 
 
 def policies_table(trace: Trace, results: Sequence[ReplayResult], columns: Sequence[str]) -> str:
@@ -40,22 +40,3 @@ def policies_table(trace: Trace, results: Sequence[ReplayResult], columns: Seque
     if ceiling is not None:
         lines.append(f"{'unbounded':>10}  {100 * ceiling.block_hit_ratio:>6.2f}% (every policy)")
     return "\n".join(lines)
-
-
-def save_policies_plot(results: Sequence[ReplayResult], path: str) -> None:
-    """A PNG of block hit ratio against capacity: one curve per policy, MIN dashed, ceiling dotted."""
-    plt = load_pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    policies = list(dict.fromkeys(r.policy for r in results if r.capacity_blocks is not None))
-    for policy in policies:
-        points = sorted((r.capacity_blocks, r.block_hit_ratio) for r in results
-                        if r.policy == policy and r.capacity_blocks is not None)
-        style = "k--" if policy == "belady" else "o-"
-        label = "Belady's MIN (offline bound)" if policy == "belady" else policy
-        ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
-    ceiling = next((r for r in results if r.capacity_blocks is None), None)
-    if ceiling is not None:
-        ax.axhline(ceiling.block_hit_ratio, color="grey", linestyle=":", label="unbounded cache")
-    xs = [r.capacity_blocks for r in results if r.capacity_blocks is not None]
-    title = f"eviction policies: {results[0].trace}" if results else "eviction policies"
-    finish_plot(plt, fig, ax, xs, "block hit ratio", title, path)

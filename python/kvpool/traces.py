@@ -24,9 +24,11 @@ Example::
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import random
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,7 @@ __all__ = [
     "load_trace",
     "parse_trace",
     "synthetic_trace",
+    "trace_warnings",
 ]
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -118,19 +121,27 @@ class Trace:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Load and validate the Mooncake trace at ``path``.
+    """Load and validate the Mooncake trace at ``path``: a JSON-lines file, gzip-compressed if
+    its name ends in ``.gz``, or standard input for ``"-"``.
 
     Blank lines are skipped. Raises :class:`TraceError` (a ``ValueError``) for a file that
     cannot be read, has no requests, or has a line that is not a JSON object with the four
     fields: a finite number ``timestamp``, integers ``input_length, output_length >= 0`` and a
     list ``hash_ids`` of integers in ``0..2**64``. The message names the file and line.
     """
+    if str(path) == "-":
+        return parse_trace(sys.stdin.buffer, name="stdin", where="<stdin>")
     path = Path(path)
     try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return parse_trace(f, name=path.name[: -len(".gz")], where=str(path))
         with path.open("rb") as f:
             return parse_trace(f, name=path.name, where=str(path))
-    except OSError as exc:
+    except OSError as exc:  # gzip.BadGzipFile is an OSError too
         raise TraceError(f"{path}: cannot read the trace: {exc.strerror or exc}") from None
+    except EOFError:
+        raise TraceError(f"{path}: cannot read the trace: the gzip stream is truncated") from None
 
 
 def parse_trace(lines: Iterable[bytes | str], *, name: str = "trace", where: str | None = None) -> Trace:
@@ -242,6 +253,39 @@ def is_prefix_consistent(trace: Trace) -> bool:
                 return False
             parent = x
     return True
+
+
+def trace_warnings(trace: Trace, block_tokens: int) -> list[str]:
+    """What makes a replay of ``trace`` at ``block_tokens`` tokens per hash id misleading, in
+    words (empty when nothing does): lengths that disagree with the ids, timestamps out of
+    order, ids that are not prefix-chained.
+
+    A request's ``input_length`` should need ``len(hash_ids)`` blocks of ``block_tokens``; when
+    most disagree, ``block_tokens`` is likely not the trace's (512 for the Mooncake traces).
+    """
+    out = []
+    lengths = np.asarray(trace.input_lengths, dtype=np.int64)
+    counts = np.fromiter((len(ids) for ids in trace.hash_ids), dtype=np.int64, count=trace.num_requests)
+    off = np.flatnonzero(-(-lengths // block_tokens) != counts)
+    if off.size:
+        i = int(off[0])
+        out.append(
+            f"{off.size} of {trace.num_requests} requests have an input_length that does not need "
+            f"len(hash_ids) blocks of {block_tokens} tokens (the first: request {i}, "
+            f"{trace.input_lengths[i]} tokens and {int(counts[i])} ids)"
+            + ("; is --block-tokens the trace's?" if off.size * 2 > trace.num_requests else "")
+        )
+    stamps = np.asarray(trace.timestamps, dtype=np.float64)
+    back = np.flatnonzero(np.diff(stamps) < 0)
+    if back.size:
+        out.append(
+            f"timestamps go back {back.size} times (first at request {int(back[0]) + 1}); the sequential "
+            "replay uses file order, the timed one sorts by timestamp"
+        )
+    if not is_prefix_consistent(trace):
+        out.append("hash ids are not prefix-chained (an id follows different ids); hits are counted as "
+                   "prefixes all the same")
+    return out
 
 
 def dump_trace(trace: Trace) -> str:
