@@ -43,6 +43,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -347,6 +348,29 @@ def race_hash(v: Any, race: Race) -> None:
             "kvpool": (krun, lambda: None)}, repeat=REPEAT)
 
 
+def check_prerequisites(args: argparse.Namespace) -> None:
+    """Say what is missing before anything runs: the peer's ``msgspec``, the peer file, and the
+    wheel (a 336 MB download when neither ``--wheel`` nor ``$VLLM_WHEEL`` nor the cache has it)."""
+    try:
+        importlib.import_module("msgspec")
+    except ImportError:
+        raise SystemExit("the vLLM peer needs msgspec: pip install msgspec (or pip install 'kvpool[wire]')") from None
+    if not args.peer.is_file():
+        raise SystemExit(f"the vLLM peer benchmark {args.peer} is missing (set --peer or $KVPOOL_VLLM_PEER)")
+    wheel = args.wheel or os.environ.get("VLLM_WHEEL")
+    if wheel:
+        if not Path(wheel).is_file():
+            raise SystemExit(f"vLLM wheel {wheel} does not exist")
+        return
+    cache = Path(os.environ.get("VLLM_PEER_CACHE", Path(tempfile.gettempdir()) / "vllm_peer_cache"))
+    if list(cache.glob("vllm-0.33.0-*.whl")):
+        return
+    if args.no_download:
+        raise SystemExit(f"no vLLM 0.33.0 wheel: pass --wheel, set $VLLM_WHEEL, or drop --no-download to fetch it into {cache}")
+    print(f"no --wheel or $VLLM_WHEEL: downloading the vLLM 0.33.0 wheel (336 MB) into {cache}; "
+          "later runs reuse it", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--peer", type=Path, default=Path(os.environ.get("KVPOOL_VLLM_PEER", DEFAULT_PEER)),
@@ -357,7 +381,10 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(KEY_SHAPES), help="key shapes for churn")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Mooncake trace for replay")
     ap.add_argument("--json", action="store_true", help="one JSON object per row")
+    ap.add_argument("--no-download", action="store_true",
+                    help="fail instead of downloading the vLLM wheel when none is given or cached")
     args = ap.parse_args()
+    check_prerequisites(args)
     peer = load_peer(args.peer)
     v, _digests = peer.load_vllm(peer.find_wheel(args.wheel))
     v.peer = peer

@@ -30,3 +30,10 @@ def test_package_is_mypy_strict_clean() -> None:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     result = run("mypy", "--python-version", version, "python/kvpool")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_stub_docstrings_are_the_extensions() -> None:
+    """Every documented item of ``_core.pyi`` carries the compiled module's docstring."""
+    result = subprocess.run([sys.executable, "scripts/stub_docstrings.py", "--check"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
