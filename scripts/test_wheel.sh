@@ -6,6 +6,8 @@ set -euo pipefail
 wheel=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
 python -m pip install -q "${wheel}[test]"
+# The same version may be installed already (pip would keep it): this wheel replaces it.
+python -m pip install -q --force-reinstall --no-deps "${wheel}"
 work=$(mktemp -d)
 # The committed tree, without any built extension: the tests import the installed wheel
 # (nothing puts python/ on sys.path); the stub and debug-build tests read the sources.
