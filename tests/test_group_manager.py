@@ -141,7 +141,9 @@ def test_schedule_step_under_limits_equals_the_one_by_one_calls(seed: int) -> No
     """Budget, request cap, stop and preemption on a pool small enough to run short."""
     rng = random.Random(seed)
     num_blocks = rng.choice([24, 40, 64])
-    a, b = (kvpool.GroupManager(num_blocks, 4, GROUPS, enable_events=True) for _ in range(2))
+    eviction = rng.choice(["lru", "adaptive", "priority"])
+    a, b = (kvpool.GroupManager(num_blocks, 4, GROUPS, enable_events=True, eviction=eviction) for _ in range(2))
+    assert b.eviction == eviction
     prefix = [rng.randrange(1000) for _ in range(40)]
     rids: list[str] = []
     seen: set[int] = set()
@@ -180,3 +182,11 @@ def test_schedule_step_under_limits_equals_the_one_by_one_calls(seed: int) -> No
         assert a.take_events() == b.take_events()
         b.check_invariants()
     assert StepStatus.SCHEDULED in seen
+
+
+def test_eviction_policy_argument() -> None:
+    assert manager().eviction == "lru"
+    with pytest.raises(kvpool.InvalidArgumentError, match="eviction"):
+        manager(eviction="fifo")
+    with pytest.raises(kvpool.InvalidArgumentError, match="max_pinned_blocks"):
+        manager(max_pinned_blocks=10**6)

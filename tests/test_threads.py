@@ -20,6 +20,11 @@ The scenarios, written as scripts:
   ids calls the pool, and a garbage-collector callback (collections forced on nearly every
   allocation) calls the manager, the pool and a hash list while they build their results.
   Converting before locking and building results after unlocking makes all of them work.
+* ``POLICIES``: four threads share an ``adaptive`` pool, a ``priority`` pool on a manual clock
+  and a ``priority`` manager: they cache with priorities and durations, raise priorities, pin
+  and unpin prefixes (over the budget must raise ``PinBudgetError`` and pin nothing), advance
+  the clock, pin prompts and admit prioritized requests. Afterwards every pin is released,
+  every block is free again and the invariants hold.
 """
 
 from __future__ import annotations
@@ -273,6 +278,89 @@ print("ok", len(calls))
 """
 
 
+POLICIES = """
+import random, sys, threading, time
+import kvpool
+
+SECONDS = float(sys.argv[1])
+adaptive = kvpool.BlockPool(2048, block_size=16, eviction="adaptive")
+priority = kvpool.BlockPool(2048, block_size=16, eviction="priority", clock="manual", max_pinned_blocks=64)
+manager = kvpool.KVCacheManager(4096, 16, eviction="priority", clock="manual", max_pinned_blocks=256)
+SYSTEM = list(range(16 * 8))                       # an 8-block system prompt, pinned by every thread
+errors, unexpected = [], []
+deadline = time.monotonic() + SECONDS
+
+
+def expect(error, call):
+    try:
+        call()
+    except error:
+        return
+    except BaseException as e:  # noqa: BLE001
+        unexpected.append(f"{type(e).__name__}: {e}")
+        return
+    unexpected.append(f"no {error.__name__} from {call}")
+
+
+def worker(k):
+    rng = random.Random(k)
+    n = 0
+    try:
+        while time.monotonic() < deadline:
+            for pool in (adaptive, priority):
+                ids = pool.get_new_blocks(rng.randrange(1, 24))
+                hashes = [bytes([k]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25) for i in range(len(ids))]
+                if pool is priority:
+                    pool.cache_full_blocks(ids, hashes, 0, len(ids), priority=rng.randrange(0, 101),
+                                           retention_s=rng.choice([None, 0.5, 5.0]))
+                    pool.set_priority(ids[:1], 90, retention_s=1.0)
+                else:
+                    pool.cache_full_blocks(ids, hashes, 0, len(ids))
+                # Pin the chain's head while the blocks are held (no other thread can evict
+                # them), free them, then unpin: the pin kept its own reference meanwhile.
+                assert pool.pin_prefix(hashes[:4]) == min(4, len(ids))
+                pool.free_blocks(ids, reverse=True)
+                assert pool.unpin_prefix(hashes[:4]) == min(4, len(ids))
+                expect(kvpool.KVPoolError, lambda: pool.set_priority([2048 + k], 10))
+            # Over the budget (64): an error, and nothing pinned.
+            big = priority.get_new_blocks(70)
+            big_hashes = [bytes([k + 50]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25) for i in range(70)]
+            priority.cache_full_blocks(big, big_hashes, 0, 70)
+            expect(kvpool.PinBudgetError, lambda: priority.pin_prefix(big_hashes))
+            priority.free_blocks(big, reverse=True)
+            priority.advance_clock(rng.random())
+            # The manager: the shared system prompt pinned, prioritized requests that hit it.
+            manager.pin_prompt(SYSTEM)
+            rid = f"r{k}-{n}"
+            manager.add_request(rid, SYSTEM + [1000 * k + n % 997, 7, 8], priority=rng.randrange(0, 101),
+                                retention_s=rng.choice([None, 2.0]))
+            hits, n_hit = manager.get_computed_blocks(rid)
+            assert manager.allocate_slots(rid, len(SYSTEM) + 3 - n_hit, num_new_computed_tokens=n_hit,
+                                          new_computed_blocks=hits) is not None
+            manager.free(rid)
+            manager.unpin_prompt(SYSTEM)
+            manager.advance_clock(0.01)
+            n += 1
+    except BaseException as e:  # noqa: BLE001
+        errors.append(f"thread {k}: {type(e).__name__}: {e}")
+
+
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+assert not errors, errors
+assert not unexpected, unexpected[:5]
+for pool in (adaptive, priority):
+    pool.check_invariants()
+    assert pool.get_num_pinned_blocks() == 0 and pool.get_num_free_blocks() == 2047
+manager.check_invariants()
+assert manager.get_num_pinned_blocks() == 0 and manager.get_num_free_blocks() == 4095 and len(manager) == 0
+print("ok")
+"""
+
+
 def run_script(script: str, *args: str) -> str:
     """The script's output; fails the test on an error or when it hangs past ``TIMEOUT``."""
     try:
@@ -294,3 +382,7 @@ def test_threads_share_every_class_without_deadlock_or_lost_updates() -> None:
 
 def test_python_code_run_by_kvpool_may_call_back_into_it() -> None:
     assert run_script(REENTRANT).startswith("ok")
+
+
+def test_threads_share_the_eviction_policies_pins_and_priorities() -> None:
+    assert run_script(POLICIES, str(SECONDS)).strip() == "ok"

@@ -588,6 +588,9 @@ class GroupManager:
         max_model_len: int | None = None,
         max_in_flight_tokens: int | None = None,
         retention_interval: int | None = None,
+        eviction: _EvictionName | None = None,
+        max_pinned_blocks: int | None = None,
+        clock: _ClockName | None = None,
     ) -> GroupManager: ...
     @property
     def num_blocks(self) -> int:
@@ -595,6 +598,9 @@ class GroupManager:
     @property
     def num_groups(self) -> int:
         """Number of KV-cache groups."""
+    @property
+    def eviction(self) -> _EvictionName:
+        """The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``."""
     def add_request(
         self,
         request_id: _RequestId,

@@ -59,6 +59,9 @@ class ZmqPublisher:
     ``publish`` never waits on the network: a PUB socket hands the frames to ZeroMQ's own I/O
     thread and drops them for a subscriber ``hwm`` messages behind, which then asks the replay
     socket for them. A background thread serves replay requests only.
+
+    The PUB socket binds ``endpoint``, or connects to it with ``bind=False`` (vLLM connects
+    to an endpoint without a wildcard); the replay socket always binds.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class ZmqPublisher:
         hwm: int = 100_000,
         group_specs: Mapping[int, tuple[str | None, int | None]] | None = None,
         context: zmq.Context[Any] | None = None,
+        bind: bool = True,
     ) -> None:
         if buffer_steps < 1 or hwm < 0:
             raise kvpool.InvalidArgumentError("buffer_steps must be >= 1 and hwm >= 0")
@@ -82,8 +86,12 @@ class ZmqPublisher:
         self._ctx = context or zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
-        self._pub.bind(endpoint)
-        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        if bind:
+            self._pub.bind(endpoint)
+            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            self._pub.connect(endpoint)
+            self.endpoint = endpoint
         self._replay: zmq.Socket[Any] | None = None
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:

@@ -8,6 +8,7 @@ use pyo3::types::{PyList, PyTuple};
 use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg};
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
+use super::eviction_args::PolicyArgs;
 use super::group_tables::{group_ids, group_spec};
 use super::hashing::{algo_arg, extract_extras, seed_arg};
 use super::locking::with_lock;
@@ -55,7 +56,7 @@ impl PyGroupManager {
 #[pymethods]
 impl PyGroupManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, groups, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, max_in_flight_tokens=None, retention_interval=None))]
+    #[pyo3(signature = (num_blocks, block_size, groups, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, max_in_flight_tokens=None, retention_interval=None, eviction=None, max_pinned_blocks=None, clock=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -69,11 +70,19 @@ impl PyGroupManager {
         max_model_len: Option<&Bound<'_, PyAny>>,
         max_in_flight_tokens: Option<&Bound<'_, PyAny>>,
         retention_interval: Option<&Bound<'_, PyAny>>,
+        eviction: Option<&Bound<'_, PyAny>>,
+        max_pinned_blocks: Option<&Bound<'_, PyAny>>,
+        clock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = ManagerConfig::new(
             int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
             int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32,
         );
+        let policy =
+            PolicyArgs::extract(py, config.num_blocks, eviction, max_pinned_blocks, clock)?;
+        config.eviction = policy.eviction;
+        config.manual_clock = policy.manual_clock;
+        config.max_pinned_blocks = policy.max_pinned_blocks;
         config.enable_caching = opt_bool_arg(enable_caching, "enable_caching", true)?;
         config.hash_algo = algo_arg(py, hash_algo)?;
         config.seed = seed_arg(seed)?;
@@ -114,6 +123,12 @@ impl PyGroupManager {
     #[getter]
     fn num_groups(&self) -> usize {
         self.num_groups
+    }
+
+    /// The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``.
+    #[getter]
+    fn eviction(&self, py: Python<'_>) -> &'static str {
+        self.with_manager(py, |m| m.pool().eviction_policy().name())
     }
 
     /// Adds a request: its prompt token ids and extra keys (as ``KVCacheManager``).

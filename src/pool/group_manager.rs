@@ -6,7 +6,7 @@
 
 use hashbrown::HashMap;
 
-use super::block_pool::{BlockPool, PoolConfig};
+use super::block_pool::BlockPool;
 use super::error::{PoolError, PoolResult};
 use super::events::PoolEvent;
 use super::group_hits::GroupHit;
@@ -53,13 +53,7 @@ impl GroupManager {
     ) -> PoolResult<Self> {
         let block_size = config.block_size as usize;
         let layout = KvGroups::new(specs, block_size, retention_interval)?;
-        let mut pool_config = PoolConfig::new(config.num_blocks);
-        pool_config.block_size = config.block_size;
-        pool_config.enable_caching = config.enable_caching;
-        pool_config.enable_events = config.enable_events;
-        pool_config.max_pending_events = config.max_pending_events;
-        pool_config.hash_width = Some(config.hash_algo.digest_len());
-        let pool = BlockPool::new(pool_config)?;
+        let pool = BlockPool::new(config.pool_config())?;
         let mut hasher = SequenceHasher::new(block_size, config.hash_algo, &config.seed)?;
         if !config.enable_caching {
             hasher.disable_hashing();

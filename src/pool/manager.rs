@@ -69,6 +69,23 @@ impl ManagerConfig {
             max_pinned_blocks: None,
         }
     }
+
+    /// The configuration of the manager's pool: its blocks, caching, events, hash width
+    /// and eviction policy.
+    pub fn pool_config(&self) -> PoolConfig {
+        let mut pool = PoolConfig::new(self.num_blocks);
+        pool.block_size = self.block_size;
+        pool.enable_caching = self.enable_caching;
+        pool.enable_events = self.enable_events;
+        pool.max_pending_events = self.max_pending_events;
+        pool.hash_width = Some(self.hash_algo.digest_len());
+        pool.eviction = self.eviction;
+        pool.manual_clock = self.manual_clock;
+        if let Some(budget) = self.max_pinned_blocks {
+            pool.max_pinned_blocks = budget;
+        }
+        pool
+    }
 }
 
 /// Per-request LoRA identity for `BlockStored` events.
@@ -132,18 +149,7 @@ impl KVCacheManager {
                 "max_model_len must be at least 1".into(),
             ));
         }
-        let mut pool_config = PoolConfig::new(config.num_blocks);
-        pool_config.block_size = config.block_size;
-        pool_config.enable_caching = config.enable_caching;
-        pool_config.enable_events = config.enable_events;
-        pool_config.max_pending_events = config.max_pending_events;
-        pool_config.hash_width = Some(config.hash_algo.digest_len());
-        pool_config.eviction = config.eviction;
-        pool_config.manual_clock = config.manual_clock;
-        if let Some(budget) = config.max_pinned_blocks {
-            pool_config.max_pinned_blocks = budget;
-        }
-        let pool = BlockPool::new(pool_config)?;
+        let pool = BlockPool::new(config.pool_config())?;
         let mut hasher =
             SequenceHasher::new(config.block_size as usize, config.hash_algo, &config.seed)?;
         if !config.enable_caching {

@@ -22,6 +22,7 @@ _NAMES = {
     "VllmKVCacheManager": "kvpool.vllm._manager",
     "unsupported_reason": "kvpool.vllm._manager",
     "AsyncScheduler": "kvpool.vllm.scheduler",
+    "KvpoolEventPublisher": "kvpool.vllm.events",
     "Scheduler": "kvpool.vllm.scheduler",
     "install": "kvpool.vllm.scheduler",
 }

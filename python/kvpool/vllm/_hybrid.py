@@ -39,6 +39,7 @@ from vllm.v1.request import Request, RequestStatus
 
 import kvpool
 from kvpool.vllm._manager import ManagerCommon
+from kvpool.vllm._options import pool_options
 from kvpool.vllm._views import BlockList, BlockPoolView, BlockView, block_ids_of
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -291,7 +292,8 @@ class HybridKVCacheManager(ManagerCommon):
         retention = kv_cache_config.prefix_cache_retention_interval
         _validate_retention(retention, scheduler_block_size, kv_cache_config)
         self._pool = kvpool.BlockPool(kv_cache_config.num_blocks, block_size=self.block_size,
-                                      enable_caching=enable_caching, enable_events=enable_kv_cache_events)
+                                      enable_caching=enable_caching, enable_events=enable_kv_cache_events,
+                                      **pool_options())
         zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))
         groups = [g for g in map(group_spec, specs) if g is not None]  # all covered (checked by the caller)
         self._tables = kvpool.GroupTables(

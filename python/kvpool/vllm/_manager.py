@@ -37,6 +37,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
 import kvpool
+from kvpool.vllm._options import pool_options
 from kvpool.vllm._views import BlockPoolView, CoordinatorView, KvpoolBlocks, SingleTypeView, block_ids_of
 
 logger = logging.getLogger("kvpool.vllm")
@@ -226,6 +227,7 @@ class KVCacheManager(ManagerCommon):
             block_size=spec.block_size,
             enable_caching=enable_caching,
             enable_events=enable_kv_cache_events,
+            **pool_options(),
         )
         # When the engine zeroes new blocks, their ids are kept for take_new_block_ids.
         zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))

@@ -5,7 +5,8 @@ vLLM's ``Scheduler.__init__`` builds its manager through the module global
 ``vllm.v1.core.kv_cache_manager.KVCacheManager``) at ``kvpool.vllm.KVCacheManager``.
 ``Scheduler`` and ``AsyncScheduler`` install it when first built, for
 ``--scheduler-cls kvpool.vllm.Scheduler``; a class given there bypasses vLLM's automatic
-choice of the async scheduler, hence both.
+choice of the async scheduler, hence both. ``install()`` also makes ``--kv-events-config``'s
+``zmq`` publisher kvpool's, with vLLM's wire.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncSched
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 
 from kvpool.vllm._manager import KVCacheManager
+from kvpool.vllm.events import register as register_publisher
 
 
 def install() -> None:
-    """Make vLLM's schedulers (and vLLM's module name ``KVCacheManager``) build kvpool's manager."""
+    """Make vLLM's schedulers (and vLLM's module name ``KVCacheManager``) build kvpool's
+    manager, and vLLM's ``zmq`` KV-event publisher kvpool's (:mod:`kvpool.vllm.events`)."""
     _scheduler_module.KVCacheManager = KVCacheManager
     _kv_cache_manager_module.KVCacheManager = KVCacheManager
+    register_publisher()
 
 
 class Scheduler(_VllmScheduler):  # type: ignore[misc]

@@ -1,0 +1,114 @@
+"""``kvpool.vllm.events``: with kvpool.vllm installed, vLLM's ``zmq`` event publisher is kvpool's,
+and its frames (live and replayed) are the bytes vLLM's own publisher sends."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+
+def batches() -> list[Any]:
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+    out = []
+    for i in range(5):
+        stored = BlockStored(block_hashes=[1000 + i, 2000 + i], parent_block_hash=None if i == 0 else 999,
+                             token_ids=list(range(32)), block_size=16, lora_id=None, medium="GPU",
+                             lora_name=None, extra_keys=None, group_idx=0)
+        out.append(KVEventBatch(ts=1700000000.0 + i, events=[stored, BlockRemoved(block_hashes=[7], medium="GPU")]))
+    out.append(KVEventBatch(ts=1700000010.0, events=[AllBlocksCleared()]))
+    return out
+
+
+def receive(endpoint: str, replay: str, publish: Any) -> tuple[list[list[bytes]], list[list[bytes]]]:
+    """What a subscriber reads live while ``publish()`` runs, then a replay from sequence 0."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    time.sleep(0.3)  # the subscription reaches the publisher
+    n = publish()
+    live = [sub.recv_multipart() for _ in range(n)]
+    req = ctx.socket(zmq.DEALER)
+    req.connect(replay)
+    req.send_multipart((b"", (0).to_bytes(8, "big")))
+    replayed = []
+    while req.poll(5000):
+        frames = req.recv_multipart()
+        replayed.append(frames)
+        if frames[2] == (-1).to_bytes(8, "big", signed=True):
+            break
+    sub.close(linger=0)
+    req.close(linger=0)
+    return live, replayed
+
+
+def free_port() -> int:
+    """A TCP port free now, with the two above it (rank 2 offsets the port by 2)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port < 65000:
+            return port
+
+
+def run(cls: Any, rank: int) -> tuple[Any, int, tuple[list[list[bytes]], list[list[bytes]]]]:
+    """Publish :func:`batches` through ``cls`` at data-parallel rank ``rank`` (vLLM offsets the
+    ports by the rank) and read them as a subscriber."""
+    port, replay_port = free_port(), free_port()
+    publisher = cls(data_parallel_rank=rank, endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{replay_port}",
+                    topic="kv", buffer_steps=4)
+
+    def publish() -> int:
+        for batch in batches():
+            publisher.publish(batch)
+        return len(batches())
+
+    try:
+        return publisher, port, receive(f"tcp://127.0.0.1:{port + rank}", f"tcp://127.0.0.1:{replay_port + rank}",
+                                        publish)
+    finally:
+        publisher.shutdown()
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_frames_equal_vllms_publisher(rank: int) -> None:
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
+    from kvpool.vllm.events import KvpoolEventPublisher
+
+    ours, port, (live, replayed) = run(KvpoolEventPublisher, rank)
+    theirs, _, (vllm_live, vllm_replayed) = run(ZmqEventPublisher, rank)
+    assert live == vllm_live and len(live) == 6
+    assert [f[0] for f in live] == [b"kv"] * 6 and [int.from_bytes(f[1], "big") for f in live] == list(range(6))
+    assert replayed == vllm_replayed and len(replayed) == 5  # the last 4 batches, then the end marker
+    mine, vllms = ours.get_publisher_config(), theirs.get_publisher_config()
+    assert mine.endpoint == f"tcp://*:{port + rank}"  # offset by the rank, as vLLM reports it
+    assert dataclasses.replace(mine, endpoint="", replay_endpoint="") == dataclasses.replace(vllms, endpoint="", replay_endpoint="")
+
+
+def test_install_makes_the_factory_build_kvpools_publisher(tmp_path: Path) -> None:
+    from vllm.config.kv_events import KVEventsConfig
+    from vllm.distributed.kv_events import EventPublisherFactory
+
+    from kvpool.vllm import install
+    from kvpool.vllm.events import KvpoolEventPublisher
+
+    install()
+    for kind in ("zmq",):
+        config = KVEventsConfig(enable_kv_cache_events=True, publisher=kind, endpoint=f"ipc://{tmp_path}/{kind}",
+                                replay_endpoint=f"ipc://{tmp_path}/{kind}-replay")
+        publisher = EventPublisherFactory.create(config, data_parallel_rank=0)
+        assert isinstance(publisher, KvpoolEventPublisher)
+        publisher.shutdown()
