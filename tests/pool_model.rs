@@ -145,6 +145,7 @@ impl Model {
             lora_id: None,
             lora_name: None,
             group_idx: 0,
+            extra_keys: None,
         });
         Ok(())
     }

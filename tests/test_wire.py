@@ -177,3 +177,74 @@ def test_take_events_msgpack_checks_its_arguments_and_empties_the_queue() -> Non
     m.add_request("a", list(range(9)))
     m.allocate_slots("a", 9)
     assert len(wire.decode_batch(m.take_events_msgpack(0.0)).events) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@pytest.mark.parametrize("manager_kind", ["KVCacheManager", "GroupManager"])
+def test_extra_keys_encode_as_vllms_publisher_would(manager_kind: str) -> None:
+    """Requests with multimodal inputs (one spanning blocks, two in one block), a cache salt,
+    prompt embeddings and LoRA, through vLLM 0.33's manager and kvpool's: the Rust encoder's
+    payload (``take_events_msgpack``) and ``kvpool.wire``'s are the bytes of vLLM's."""
+    import hashlib
+
+    import msgspec as ms
+    import torch
+    from vllm.distributed.kv_events import KVEventBatch
+    from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.utils import tensor_data
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    theirs = KVCacheManager(config, max_model_len=1000, scheduler_block_size=4, hash_block_size=4,
+                            enable_kv_cache_events=True)
+    def make() -> Any:
+        if manager_kind == "KVCacheManager":
+            return kvpool.KVCacheManager(64, 4, hash_algo="sha256", enable_events=True)
+        return kvpool.GroupManager(64, 4, ["full"], hash_algo="sha256", enable_events=True)
+
+    ours, ours_py = make(), make()
+    cases: list[dict[str, Any]] = [
+        {"cache_salt": "tenant-1"},
+        {"mm": [("img-a", 2, 7)]},                                   # spans blocks 0-2
+        {"mm": [("img-a", 1, 2), ("img-b", 3, 2), ("img-c", 9, 3)], "cache_salt": "s", "lora": True},
+        {"embeds": True},
+        {"embeds": True, "cache_salt": "t"},
+    ]
+    for i, case in enumerate(cases):
+        prompt = [i * 100 + t for t in range(14)]
+        params = SamplingParams(max_tokens=5)
+        params.update_from_generation_config({}, eos_token_id=100_000)
+        mm = [MultiModalFeatureSpec(data=None, modality="image", identifier=name,
+                                    mm_position=PlaceholderRange(offset=off, length=n))
+              for name, off, n in case.get("mm", [])]
+        embeds = torch.arange(14 * 3, dtype=torch.float32).reshape(14, 3) + i if case.get("embeds") else None
+        lora = LoRARequest("adapter", 7, "/x") if case.get("lora") else None
+        req = Request(request_id=f"r{i}", prompt_token_ids=prompt, mm_features=mm or None, sampling_params=params,
+                      pooling_params=None, lora_request=lora, cache_salt=case.get("cache_salt"),
+                      prompt_embeds=embeds, block_hasher=get_request_block_hasher(4, sha256))
+        theirs.allocate_slots(req, 14)
+        theirs.free(req)
+        digests = None if embeds is None else [hashlib.sha256(tensor_data(embeds[b * 4:(b + 1) * 4])).digest()
+                                               for b in range(3)]
+        for m in (ours, ours_py):
+            m.add_request(f"r{i}", prompt, cache_salt=case.get("cache_salt"),
+                          mm_features=[(name, off, n) for name, off, n in case.get("mm", [])] or None,
+                          prompt_embed_digests=digests, lora=("adapter", "/x") if lora else None,
+                          lora_id=7 if lora else None)
+            m.allocate_slots(f"r{i}", 14)
+            m.free(f"r{i}")
+    vllm_events = theirs.take_events()
+    assert any(e.extra_keys and any(k and len(k) > 1 for k in e.extra_keys) for e in vllm_events
+               if hasattr(e, "extra_keys"))
+    expected = ms.msgpack.Encoder().encode(KVEventBatch(ts=3.0, events=vllm_events, data_parallel_rank=0))
+    specs = {0: ("full_attention", None)}
+    assert ours.take_events_msgpack(3.0, data_parallel_rank=0, group_specs=specs) == expected
+    assert wire.encode_batch(wire.from_pool_events(ours_py.take_events(), group_specs=specs), 3.0, 0) == expected

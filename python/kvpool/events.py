@@ -9,6 +9,7 @@ raw hash ``bytes`` as the caller gave them; converting to the wire format (the l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 MEDIUM_GPU = "GPU"
 
@@ -25,6 +26,11 @@ class BlockStored:
     medium: str | None = MEDIUM_GPU
     lora_name: str | None = None
     group_idx: int = 0
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    """Per block, the extra keys vLLM's event carries (``None`` for a block without any): the
+    LoRA name, ``(identifier, offset)`` per multimodal input, the cache salt, the
+    prompt-embeddings digest. ``None`` for the LoRA-only form: every block ``(lora_name,)``, or
+    no keys without LoRA."""
 
 
 @dataclass(frozen=True, slots=True)

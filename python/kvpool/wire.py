@@ -106,9 +106,10 @@ def from_pool_events(
     """kvpool's events (``kvpool.BlockStored`` and friends, hashes as bytes) in vLLM's wire
     form. ``group_specs`` maps a group index to its ``(kv_cache_spec_kind,
     kv_cache_spec_sliding_window)`` for ``BlockStored`` (vLLM's manager adds them);
-    ``extra_keys(event)`` gives a ``BlockStored``'s per-block extra keys (the default,
-    :func:`plain_extra_keys`, is exact for requests without multimodal inputs, cache salt or
-    prompt embeddings; for those pass the request's own). A ``BlockRemoved`` of several hashes
+    A ``BlockStored`` from a manager carries its blocks' extra keys; for one without them (a
+    pool's, or the LoRA-only form), ``extra_keys(event)`` gives them (the default,
+    :func:`plain_extra_keys`, is exact without multimodal inputs, cache salt or prompt
+    embeddings). A ``BlockRemoved`` of several hashes
     becomes one event per hash, as vLLM's pool emits them."""
     out: list[WireEvent] = []
     specs = group_specs or {}
@@ -120,7 +121,8 @@ def from_pool_events(
                 block_hashes=[wire_hash(h) for h in e.block_hashes],
                 parent_block_hash=None if parent is None else wire_hash(parent),
                 token_ids=list(e.token_ids), block_size=e.block_size, lora_id=e.lora_id, medium=medium,
-                lora_name=e.lora_name, extra_keys=extra_keys(e), group_idx=e.group_idx, kv_cache_spec_kind=kind,
+                lora_name=e.lora_name, extra_keys=extra_keys(e) if e.extra_keys is None else list(e.extra_keys),
+                group_idx=e.group_idx, kv_cache_spec_kind=kind,
                 kv_cache_spec_sliding_window=window))
         elif isinstance(e, _events.BlockRemoved):
             out.extend(BlockRemoved(block_hashes=[wire_hash(h)], medium=medium, group_idx=e.group_idx)

@@ -365,6 +365,7 @@ impl PyBlockPool {
                 lora_name: lora_name.as_deref(),
                 block_mask: None,
                 priority: priority.map(|p| p.at(pool.now())),
+                extra_keys: None,
             };
             pool.cache_full_blocks(call)
         })

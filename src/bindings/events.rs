@@ -2,11 +2,42 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-use crate::pool::PoolEvent;
+use crate::pool::{EventExtraKey, PoolEvent};
 
 static EVENTS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// A `BlockStored`'s per-block extra keys as vLLM's event holds them: a list with, per
+/// block, `None` or a tuple of `str` (LoRA name, cache salt), `(identifier, offset)` and
+/// `bytes` (prompt-embeddings digest).
+fn extra_keys_to_py<'py>(
+    py: Python<'py>,
+    blocks: &[Option<Vec<EventExtraKey>>],
+) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for keys in blocks {
+        match keys {
+            None => list.append(py.None())?,
+            Some(keys) => {
+                let items = keys
+                    .iter()
+                    .map(|key| -> PyResult<Bound<'py, PyAny>> {
+                        Ok(match key {
+                            EventExtraKey::Text(s) => PyString::new(py, s).into_any(),
+                            EventExtraKey::Mm(identifier, offset) => {
+                                (identifier.as_str(), *offset).into_pyobject(py)?.into_any()
+                            }
+                            EventExtraKey::Digest(d) => PyBytes::new(py, d).into_any(),
+                        })
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                list.append(PyTuple::new(py, items)?)?;
+            }
+        }
+    }
+    Ok(list)
+}
 
 /// Converts queued events, oldest first, into a Python list of event objects.
 pub fn events_to_py<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'py, PyList>> {
@@ -24,7 +55,11 @@ pub fn events_to_py<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bo
                 lora_id,
                 lora_name,
                 group_idx,
+                extra_keys,
             } => {
+                let extra_keys = extra_keys
+                    .map(|blocks| extra_keys_to_py(py, &blocks))
+                    .transpose()?;
                 let hashes = PyList::new(
                     py,
                     block_hashes.iter().map(|h| PyBytes::new(py, h.as_bytes())),
@@ -39,6 +74,7 @@ pub fn events_to_py<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bo
                     "GPU",
                     lora_name,
                     group_idx,
+                    extra_keys,
                 ))?
             }
             PoolEvent::BlockRemoved {

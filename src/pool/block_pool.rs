@@ -7,7 +7,7 @@
 use super::error::{PoolError, PoolResult};
 use std::collections::VecDeque;
 
-use super::events::PoolEvent;
+use super::events::{EventExtraKey, PoolEvent};
 use super::eviction::{BlockPriority, Clock, Eviction, EvictionPolicy};
 use super::free_queue::FreeQueue;
 use super::hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
@@ -94,6 +94,9 @@ pub struct CacheBlocks<'a> {
     /// The new blocks' retention priority ([`EvictionPolicy::Priority`] only);
     /// `None`: the default.
     pub priority: Option<BlockPriority>,
+    /// The new blocks' extra keys for the event, one entry per block of
+    /// `num_cached_blocks..num_full_blocks` (`None`: the LoRA-only form).
+    pub extra_keys: Option<&'a [Option<Vec<EventExtraKey>>]>,
 }
 
 impl<'a> CacheBlocks<'a> {
@@ -115,6 +118,7 @@ impl<'a> CacheBlocks<'a> {
             lora_name: None,
             block_mask: None,
             priority: None,
+            extra_keys: None,
         }
     }
 
@@ -521,6 +525,14 @@ impl BlockPool {
                 .token_ids
                 .map(|t| t[num_cached_blocks * block_size..num_full_blocks * block_size].to_vec())
                 .unwrap_or_default();
+            let extra_keys = call.extra_keys.map(|keys| {
+                new_blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &id)| !self.is_null(id) && call.wanted(i))
+                    .map(|(i, _)| keys[i].clone())
+                    .collect()
+            });
             self.emit(PoolEvent::BlockStored {
                 block_hashes: hashes,
                 parent_block_hash: num_cached_blocks
@@ -531,6 +543,7 @@ impl BlockPool {
                 lora_id: call.lora_id,
                 lora_name: call.lora_name.map(str::to_owned),
                 group_idx: call.group,
+                extra_keys,
             });
         }
         Ok(())

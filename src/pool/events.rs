@@ -6,6 +6,19 @@
 
 use super::hash_key::BlockHash;
 
+/// One entry of a block's extra keys in a `BlockStored` event, untagged as vLLM 0.33's
+/// `to_event_extra_keys` publishes them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventExtraKey {
+    /// A LoRA adapter's name or a cache salt.
+    Text(String),
+    /// A multimodal input: its identifier and its offset from the block's first token
+    /// (negative when it began in an earlier block).
+    Mm(String, i64),
+    /// The SHA-256 digest of the block's prompt embeddings.
+    Digest([u8; 32]),
+}
+
 /// One event of the prefix cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PoolEvent {
@@ -25,6 +38,10 @@ pub enum PoolEvent {
         lora_name: Option<String>,
         /// KV-cache group.
         group_idx: u32,
+        /// Each new block's extra keys as vLLM's event carries them, one entry per hash
+        /// (`None`: a block without keys); `None` for the LoRA-only form, every block
+        /// `[lora_name]` (or no keys without LoRA), which needs no list.
+        extra_keys: Option<Vec<Option<Vec<EventExtraKey>>>>,
     },
     /// One block's hash left the prefix cache.
     BlockRemoved {

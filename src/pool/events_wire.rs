@@ -9,11 +9,12 @@
 //! has a map16 header, the other two a fixmap. Hashes go as
 //! integers, the last 8 bytes big-endian (vLLM's default
 //! `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`); a `BlockStored` carries one extra-key entry
-//! per block, `[lora_name]` or nil, as vLLM sends for requests whose only extra key is
-//! their LoRA. `kvpool.wire` (the same in Python, checked against vLLM's encoder) is
-//! this module's oracle in the tests.
+//! per block: nil, or an array of the LoRA name, `[identifier, offset]` per multimodal
+//! input, the cache salt and the prompt-embeddings digest (bin), as vLLM sends them.
+//! `kvpool.wire` (the same in Python, checked against vLLM's encoder) is this module's
+//! oracle in the tests.
 
-use super::events::PoolEvent;
+use super::events::{EventExtraKey, PoolEvent};
 use super::hash_key::BlockHash;
 
 /// How a batch is labelled: what vLLM's manager and publisher add to the pool's events.
@@ -127,6 +128,41 @@ impl Writer<'_> {
         }
     }
 
+    /// msgpack bin (bin8 for the 32-byte digests it writes).
+    fn bin(&mut self, b: &[u8]) {
+        match b.len() {
+            n if n <= 0xff => self.0.extend_from_slice(&[0xc4, n as u8]),
+            n if n <= 0xffff => {
+                self.0.push(0xc5);
+                self.0.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                self.0.push(0xc6);
+                self.0.extend_from_slice(&(n as u32).to_be_bytes());
+            }
+        }
+        self.0.extend_from_slice(b);
+    }
+
+    /// One block's extra keys as vLLM's event carries them: nil or an array of entries.
+    fn extra_keys(&mut self, keys: Option<&[EventExtraKey]>) {
+        let Some(keys) = keys else {
+            return self.nil();
+        };
+        self.array(keys.len());
+        for key in keys {
+            match key {
+                EventExtraKey::Text(s) => self.str(s),
+                EventExtraKey::Mm(identifier, offset) => {
+                    self.array(2);
+                    self.str(identifier);
+                    self.int(*offset);
+                }
+                EventExtraKey::Digest(d) => self.bin(d),
+            }
+        }
+    }
+
     fn array(&mut self, n: usize) {
         self.len(n, 0x90, 0xdc, 0xdd);
     }
@@ -169,11 +205,25 @@ fn size_bound(events: &[PoolEvent], batch: &WireBatch<'_>) -> usize {
                 block_hashes,
                 token_ids,
                 lora_name,
+                extra_keys,
                 ..
             } => {
                 fixed
                     + 9 * token_ids.len()
                     + block_hashes.len() * (10 + lora_name.as_ref().map_or(1, |n| n.len() + 6))
+                    + extra_keys.as_ref().map_or(0, |blocks| {
+                        blocks
+                            .iter()
+                            .flatten()
+                            .flatten()
+                            .map(|k| match k {
+                                EventExtraKey::Text(s) => s.len() + 5,
+                                EventExtraKey::Mm(s, _) => s.len() + 15,
+                                EventExtraKey::Digest(_) => 34,
+                            })
+                            .sum::<usize>()
+                            + 5 * blocks.len()
+                    })
             }
             PoolEvent::BlockRemoved { .. } => fixed,
             PoolEvent::AllBlocksCleared => 24,
@@ -199,6 +249,7 @@ pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut
                 lora_id,
                 lora_name,
                 group_idx,
+                extra_keys,
             } => {
                 let spec = batch.group_specs.iter().find(|(g, _, _)| g == group_idx);
                 let kind = spec.and_then(|s| s.1);
@@ -243,13 +294,22 @@ pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut
                 w.opt_str(lora_name.as_deref());
                 w.str("extra_keys");
                 w.array(block_hashes.len());
-                for _ in block_hashes {
-                    match lora_name {
-                        Some(name) => {
-                            w.array(1);
-                            w.str(name);
+                match extra_keys {
+                    Some(blocks) => {
+                        for keys in blocks {
+                            w.extra_keys(keys.as_deref());
                         }
-                        None => w.nil(),
+                    }
+                    None => {
+                        for _ in block_hashes {
+                            match lora_name {
+                                Some(name) => {
+                                    w.array(1);
+                                    w.str(name);
+                                }
+                                None => w.nil(),
+                            }
+                        }
                     }
                 }
                 w.str("group_idx");

@@ -236,6 +236,7 @@ impl GroupManager {
             token_ids: (pool.config().enable_events && seq.tokens().len() == seq.num_tokens())
                 .then(|| seq.tokens()),
             lora: &request.lora,
+            extras: Some(seq.extras()),
             ..GroupSlotCall::new(
                 request.num_computed_tokens,
                 seq.num_tokens(),

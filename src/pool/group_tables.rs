@@ -30,10 +30,11 @@ use super::group_hits::{find_longest_hit, GroupHit};
 use super::hash_key::HashSlice;
 use super::known_hashes::KnownHashes;
 use super::kv_groups::{AttentionKind, KvGroups};
-use super::manager::LoraInfo;
+use super::manager::{event_extra_keys, LoraInfo};
 use super::request_id::{RequestId, RequestKey};
 use super::retention::{reachable_block_mask, replay_boundary};
 use super::slots;
+use super::tracker::SequenceExtras;
 
 /// Blocks per group, flat: group `g`'s are `flat[offsets[g]..offsets[g + 1]]`.
 #[derive(Clone, Copy, Debug)]
@@ -107,6 +108,9 @@ pub struct GroupSlotCall<'a> {
     pub token_ids: Option<&'a [i64]>,
     /// The request's LoRA, for `BlockStored` events.
     pub lora: &'a LoraInfo,
+    /// The request's extra keys, for `BlockStored` events beyond the LoRA-only form
+    /// (multimodal inputs, cache salt, prompt embeddings); `None`: LoRA only.
+    pub extras: Option<&'a SequenceExtras>,
 }
 
 /// No LoRA.
@@ -143,6 +147,7 @@ impl<'a> GroupSlotCall<'a> {
             watermark_blocks: 0,
             token_ids: None,
             lora: &NO_LORA,
+            extras: None,
         }
     }
 }
@@ -549,6 +554,7 @@ impl GroupTables {
                 call.shared_prefix_boundary,
                 call.token_ids,
                 call.lora,
+                call.extras,
             )?;
         }
         Ok(true)
@@ -589,6 +595,7 @@ impl GroupTables {
             shared_prefix_boundary,
             token_ids,
             lora,
+            None,
         )
     }
 
@@ -602,6 +609,7 @@ impl GroupTables {
         shared_prefix_boundary: usize,
         token_ids: Option<&[i64]>,
         lora: &LoraInfo,
+        extras: Option<&SequenceExtras>,
     ) -> PoolResult<()> {
         if !pool.config().enable_caching {
             return Ok(());
@@ -637,6 +645,9 @@ impl GroupTables {
                 ),
                 _ => None,
             };
+            let extra_keys = extras
+                .filter(|_| pool.config().enable_events)
+                .and_then(|e| event_extra_keys(e, num_cached..num_full, bs));
             let call = CacheBlocks {
                 block_ids: &table.blocks[g],
                 block_hashes: hashes,
@@ -652,6 +663,7 @@ impl GroupTables {
                 lora_name: lora.name.as_deref(),
                 block_mask: mask.as_deref(),
                 priority: None,
+                extra_keys: extra_keys.as_deref(),
             };
             pool.cache_full_blocks(call)?;
             table.num_cached[g] = Some(num_full);

@@ -14,7 +14,7 @@ use hashbrown::HashMap;
 
 use super::block_pool::{BlockPool, CacheBlocks, PoolConfig};
 use super::error::{PoolError, PoolResult};
-use super::events::PoolEvent;
+use super::events::{EventExtraKey, PoolEvent};
 use super::eviction::BlockPriority;
 use super::hash_key::HashSlice;
 use super::hashing::HashAlgo;
@@ -503,6 +503,17 @@ impl KVCacheManager {
         if num_full <= request.num_cached_blocks {
             return Ok(());
         }
+        let extra_keys = pool
+            .config()
+            .enable_events
+            .then(|| {
+                event_extra_keys(
+                    request.seq.extras(),
+                    request.num_cached_blocks..num_full,
+                    block_size,
+                )
+            })
+            .flatten();
         let call = CacheBlocks {
             block_ids: &request.blocks,
             block_hashes: hashes,
@@ -514,6 +525,7 @@ impl KVCacheManager {
             lora_name: request.lora.name.as_deref(),
             block_mask: None,
             priority: request.priority,
+            extra_keys: extra_keys.as_deref(),
         };
         pool.cache_full_blocks(call)?;
         request.num_cached_blocks = num_full;
@@ -634,4 +646,31 @@ impl KVCacheManager {
         }
         done
     }
+}
+
+/// The `BlockStored` extra keys of a request's blocks `blocks` (vLLM walks the multimodal
+/// inputs from the first for each event), or `None` when the LoRA-only form says it all
+/// (no multimodal input, cache salt or prompt embeddings).
+pub(super) fn event_extra_keys(
+    extras: &SequenceExtras,
+    blocks: std::ops::Range<usize>,
+    block_size: usize,
+) -> Option<Vec<Option<Vec<EventExtraKey>>>> {
+    let inputs = extras.inputs();
+    if inputs.mm_features.is_empty()
+        && inputs.cache_salt.is_none_or(str::is_empty)
+        && inputs.prompt_embed_digests.is_none()
+    {
+        return None;
+    }
+    let mut cursor = inputs.mm_cursor(0, block_size);
+    Some(
+        blocks
+            .map(|i| {
+                inputs
+                    .block_keys(i, block_size, &mut cursor)
+                    .and_then(|keys| keys.event_keys())
+            })
+            .collect(),
+    )
 }

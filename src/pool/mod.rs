@@ -45,7 +45,7 @@ pub use block_pool::{
 pub use block_tables::{BlockTables, SlotCall};
 pub use class_lists::{ClassLists, ListEnds, MAX_CLASSES};
 pub use error::{PoolError, PoolResult};
-pub use events::PoolEvent;
+pub use events::{EventExtraKey, PoolEvent};
 pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
 pub use eviction::{
     band_bonuses, ghost_fingerprint, BlockPriority, Clock, Eviction, EvictionPolicy,

@@ -358,6 +358,22 @@ def generate_block_hash_extra_keys(
     return tuple(extra_keys), new_start_mm_idx
 
 
+def event_extra_keys(extras: RequestExtras, blocks: range, block_size: int) -> list[tuple[Any, ...] | None] | None:
+    """The extra keys a ``BlockStored`` event of ``blocks`` carries, untagged as vLLM's
+    ``to_event_extra_keys`` publishes them (the LoRA name, ``(identifier, offset)`` per
+    multimodal input, the cache salt, the prompt-embeddings digest), one entry per block; the
+    multimodal walk starts at the first input, as vLLM's event does. ``None`` when the request
+    has no multimodal input, cache salt or prompt embeddings (the LoRA-only form says it all)."""
+    if not extras.mm_features and not extras.cache_salt and extras.prompt_embed_digests is None:
+        return None
+    out: list[tuple[Any, ...] | None] = []
+    mm_idx = 0
+    for i in blocks:
+        keys, mm_idx = generate_block_hash_extra_keys(extras, i * block_size, (i + 1) * block_size, mm_idx)
+        out.append(None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys))
+    return out
+
+
 def block_extra_keys(extras: RequestExtras, block_size: int, block_index: int) -> tuple[Any, ...] | None:
     """The extra keys of block ``block_index`` alone, the multimodal walk resumed as vLLM resumes it."""
     start = block_index * block_size

@@ -69,7 +69,7 @@ from kvpool.reference._args import (
     as_request_ids,
     as_segments,
 )
-from kvpool.reference.hashing import DIGEST_LEN, MAX_BLOCK_SIZE, BlockHasher, check_hash_algo
+from kvpool.reference.hashing import DIGEST_LEN, MAX_BLOCK_SIZE, BlockHasher, check_hash_algo, event_extra_keys
 from kvpool.reference.eviction import BlockPriority
 from kvpool.reference.pool import MAX_NUM_BLOCKS, BlockPool, _as_priority
 from kvpool.stats import PrefixCacheStats
@@ -575,6 +575,8 @@ class KVCacheManager:
             token_ids=request.tokens if self.pool.enable_events else None,
             lora_id=request.lora_id,
             lora_name=None if request.extras.lora is None else request.extras.lora[0],
+            _extra_keys=(event_extra_keys(request.extras, range(request.num_cached_blocks, num_full), self._block_size)
+                         if self.pool.enable_events else None),
         )
         if request.priority is not None:
             self.pool._set_priority(request.blocks[request.num_cached_blocks : num_full], request.priority, only_raise=False)

@@ -451,8 +451,12 @@ class BlockPool:
         lora_name: str | None = None,
         priority: int | None = None,
         retention_s: float | None = None,
+        _extra_keys: list[Any] | None = None,
     ) -> None:
         """Enter a request's newly full blocks in the prefix cache.
+
+        ``_extra_keys`` (the managers', not public) gives the event the new blocks' extra keys,
+        one entry per block of ``num_cached_blocks..num_full_blocks``.
 
         ``priority`` (``0..=100``, for ``retention_s`` seconds if given) is the new blocks'
         retention priority; it needs ``eviction="priority"`` (``InvalidArgumentError``).
@@ -522,10 +526,13 @@ class BlockPool:
         if self._hash_width is None:
             self._hash_width = len(hashes[0])
         stored: list[bytes] = []
+        stored_keys: list[Any] = []
         for i in range(num_cached, num_full):
             block_id = ids[i]
             if self._is_null(block_id):
                 continue
+            if _extra_keys is not None:
+                stored_keys.append(_extra_keys[i - num_cached])
             key = (hashes[i], group)
             self._block_keys[block_id] = key
             self._prefix_map.setdefault(key, {})[block_id] = None
@@ -545,6 +552,7 @@ class BlockPool:
                 medium=MEDIUM_GPU,
                 lora_name=name,
                 group_idx=group,
+                extra_keys=None if _extra_keys is None else stored_keys,
             )
         )
 

@@ -40,6 +40,7 @@
 
 use std::ops::Range;
 
+use super::super::events::EventExtraKey;
 use super::cbor;
 use super::pickle::PickleWriter;
 use super::value::Value;
@@ -447,6 +448,31 @@ impl<'a> BlockExtraKeys<'a> {
             .filter(move |f| f.end() > start)
             // start < end <= 2 * usize::MAX here, so both fit in an i128.
             .map(move |f| (f.identifier.as_str(), f.start() as i128 - start as i128))
+    }
+
+    /// The keys as a `BlockStored` event carries them (vLLM's `to_event_extra_keys`: the
+    /// LoRA name, `(identifier, offset)` per multimodal input, the cache salt, the
+    /// prompt-embeddings digest, in that order); `None` when there are none.
+    pub fn event_keys(&self) -> Option<Vec<EventExtraKey>> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut keys = Vec::with_capacity(self.len());
+        if let Some((name, _)) = self.lora {
+            keys.push(EventExtraKey::Text(name.to_owned()));
+        }
+        for (identifier, offset) in self.mm_entries() {
+            let offset =
+                i64::try_from(offset).unwrap_or(if offset < 0 { i64::MIN } else { i64::MAX });
+            keys.push(EventExtraKey::Mm(identifier.to_owned(), offset));
+        }
+        if let Some(salt) = self.cache_salt {
+            keys.push(EventExtraKey::Text(salt.to_owned()));
+        }
+        if let Some(digest) = self.prompt_embeds {
+            keys.push(EventExtraKey::Digest(*digest));
+        }
+        Some(keys)
     }
 
     /// Number of entries (tagged tuples) in the keys.
