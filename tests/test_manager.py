@@ -197,6 +197,10 @@ def test_chunked_prefill_through_steps(Manager: Any) -> None:
     s = m.schedule_step(["b"], 100)
     assert s.num_hit_tokens.tolist() == [16] and s.num_scheduled_tokens.tolist() == [4]
     assert ids(s.block_ids) == [6] and ids(m.get_block_ids("b")) == [1, 2, 3, 4, 6]
+    # The whole table of an admitted request is its hit, then its new blocks.
+    assert ids(s.hit_block_ids) == [1, 2, 3, 4] and s.hit_offsets.tolist() == [0, 4]
+    assert s.status.tolist() == [kvpool.StepStatus.SCHEDULED] and len(s) == 1
+    assert s.block_ids is s.block_ids and s.status is s.status  # each array is built once
 
 
 def test_decode_across_block_boundaries(Manager: Any) -> None:

@@ -1,8 +1,9 @@
 //! ``schedule_step``'s arguments and its result, ``kvpool.StepResult``, shared by
 //! ``KVCacheManager`` and ``GroupManager``.
 
-use numpy::{PyArray1, PyArrayMethods};
+use numpy::PyArray1;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 use super::convert::{extract_i64s, ids_to_numpy, opt_bool_arg, opt_int_arg};
 use super::errors::{error, ErrorKind};
@@ -17,66 +18,141 @@ use crate::pool::{StepLimits, StepOutcome, StepRequest, StepStatus};
 /// blocks. ``status[i]`` is a ``kvpool.StepStatus`` code saying what happened to it.
 #[pyclass(frozen, module = "kvpool", name = "StepResult")]
 pub struct PyStepResult {
-    /// New block ids of every request, back to back (int32).
-    #[pyo3(get)]
-    block_ids: Py<PyArray1<i32>>,
-    /// Where each request's (and group's) new blocks start and end (int64).
-    #[pyo3(get)]
-    offsets: Py<PyArray1<i64>>,
-    /// The prefix-hit blocks of every request admitted in this step, back to back (int32).
-    #[pyo3(get)]
-    hit_block_ids: Py<PyArray1<i32>>,
-    /// Where each request's (and group's) hit blocks start and end (int64).
-    #[pyo3(get)]
-    hit_offsets: Py<PyArray1<i64>>,
-    /// Tokens scheduled per request (int64; 0 unless scheduled).
-    #[pyo3(get)]
-    num_scheduled_tokens: Py<PyArray1<i64>>,
-    /// Prefix-hit tokens per request (int64; non-zero only for requests admitted now).
-    #[pyo3(get)]
-    num_hit_tokens: Py<PyArray1<i64>>,
-    /// Whether each request got its slots (bool; ``status == StepStatus.SCHEDULED``).
-    #[pyo3(get)]
-    allocated: Py<PyArray1<bool>>,
-    /// What happened to each request: a ``kvpool.StepStatus`` code (uint8).
-    #[pyo3(get)]
-    status: Py<PyArray1<u8>>,
+    outcome: StepOutcome,
+    /// The arrays, each built on first read (a scheduler reads only some of them).
+    arrays: StepArrays,
+}
+
+/// [`PyStepResult`]'s numpy arrays, built once each, when first read.
+struct StepArrays {
+    block_ids: PyOnceLock<Py<PyArray1<i32>>>,
+    offsets: PyOnceLock<Py<PyArray1<i64>>>,
+    hit_block_ids: PyOnceLock<Py<PyArray1<i32>>>,
+    hit_offsets: PyOnceLock<Py<PyArray1<i64>>>,
+    num_scheduled_tokens: PyOnceLock<Py<PyArray1<i64>>>,
+    num_hit_tokens: PyOnceLock<Py<PyArray1<i64>>>,
+    allocated: PyOnceLock<Py<PyArray1<bool>>>,
+    status: PyOnceLock<Py<PyArray1<u8>>>,
+}
+
+/// `cell`'s array, built by `make` on first use.
+fn cached<'py, T: numpy::Element>(
+    py: Python<'py>,
+    cell: &PyOnceLock<Py<PyArray1<T>>>,
+    make: impl FnOnce() -> Bound<'py, PyArray1<T>>,
+) -> Bound<'py, PyArray1<T>> {
+    cell.get_or_init(py, || make().unbind()).bind(py).clone()
+}
+
+fn counts_to_numpy<'py>(py: Python<'py>, v: &[usize]) -> Bound<'py, PyArray1<i64>> {
+    PyArray1::from_iter(py, v.iter().map(|&x| x as i64))
 }
 
 #[pymethods]
 impl PyStepResult {
-    fn __len__(&self, py: Python<'_>) -> usize {
-        self.status.bind(py).len().unwrap_or(0)
+    /// New block ids of every request, back to back (int32).
+    #[getter]
+    fn block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        cached(py, &self.arrays.block_ids, || {
+            ids_to_numpy(py, &self.outcome.block_ids)
+        })
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        let status = self.status.bind(py).to_vec().unwrap_or_default();
-        let count = |s: StepStatus| status.iter().filter(|&&c| c == s as u8).count();
+    /// Where each request's (and group's) new blocks start and end (int64).
+    #[getter]
+    fn offsets<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        cached(py, &self.arrays.offsets, || {
+            counts_to_numpy(py, &self.outcome.offsets)
+        })
+    }
+
+    /// The prefix-hit blocks of every request admitted in this step, back to back (int32).
+    #[getter]
+    fn hit_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        cached(py, &self.arrays.hit_block_ids, || {
+            ids_to_numpy(py, &self.outcome.hit_block_ids)
+        })
+    }
+
+    /// Where each request's (and group's) hit blocks start and end (int64).
+    #[getter]
+    fn hit_offsets<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        cached(py, &self.arrays.hit_offsets, || {
+            counts_to_numpy(py, &self.outcome.hit_offsets)
+        })
+    }
+
+    /// Tokens scheduled per request (int64; 0 unless scheduled).
+    #[getter]
+    fn num_scheduled_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        cached(py, &self.arrays.num_scheduled_tokens, || {
+            counts_to_numpy(py, &self.outcome.num_scheduled_tokens)
+        })
+    }
+
+    /// Prefix-hit tokens per request (int64; non-zero only for requests admitted now).
+    #[getter]
+    fn num_hit_tokens<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        cached(py, &self.arrays.num_hit_tokens, || {
+            counts_to_numpy(py, &self.outcome.num_hit_tokens)
+        })
+    }
+
+    /// Whether each request got its slots (bool; ``status == StepStatus.SCHEDULED``).
+    #[getter]
+    fn allocated<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        cached(py, &self.arrays.allocated, || {
+            PyArray1::from_slice(py, &self.outcome.allocated)
+        })
+    }
+
+    /// What happened to each request: a ``kvpool.StepStatus`` code (uint8).
+    #[getter]
+    fn status<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u8>> {
+        cached(py, &self.arrays.status, || {
+            PyArray1::from_iter(py, self.outcome.status.iter().map(|&s| s as u8))
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.outcome.status.len()
+    }
+
+    fn __repr__(&self) -> String {
+        let status = &self.outcome.status;
+        let count = |s: StepStatus| status.iter().filter(|&&c| c == s).count();
         format!(
             "StepResult(requests={}, allocated={}, new_blocks={}, hit_blocks={}, preempted={})",
             status.len(),
             count(StepStatus::Scheduled),
-            self.block_ids.bind(py).len().unwrap_or(0),
-            self.hit_block_ids.bind(py).len().unwrap_or(0),
+            self.outcome.block_ids.len(),
+            self.outcome.hit_block_ids.len(),
             count(StepStatus::Preempted),
         )
     }
 }
 
-impl PyStepResult {
-    /// The result of a core step.
-    pub(super) fn from_outcome(py: Python<'_>, outcome: StepOutcome) -> Self {
-        let as_i64 = |v: &[usize]| PyArray1::from_iter(py, v.iter().map(|&x| x as i64)).unbind();
-        let status: Vec<u8> = outcome.status.iter().map(|&s| s as u8).collect();
+impl StepArrays {
+    fn new() -> Self {
         Self {
-            block_ids: ids_to_numpy(py, &outcome.block_ids).unbind(),
-            offsets: as_i64(&outcome.offsets),
-            hit_block_ids: ids_to_numpy(py, &outcome.hit_block_ids).unbind(),
-            hit_offsets: as_i64(&outcome.hit_offsets),
-            num_scheduled_tokens: as_i64(&outcome.num_scheduled_tokens),
-            num_hit_tokens: as_i64(&outcome.num_hit_tokens),
-            allocated: PyArray1::from_vec(py, outcome.allocated).unbind(),
-            status: PyArray1::from_vec(py, status).unbind(),
+            block_ids: PyOnceLock::new(),
+            offsets: PyOnceLock::new(),
+            hit_block_ids: PyOnceLock::new(),
+            hit_offsets: PyOnceLock::new(),
+            num_scheduled_tokens: PyOnceLock::new(),
+            num_hit_tokens: PyOnceLock::new(),
+            allocated: PyOnceLock::new(),
+            status: PyOnceLock::new(),
+        }
+    }
+}
+
+impl PyStepResult {
+    /// The result of a core step (its arrays built when first read).
+    pub(super) fn from_outcome(_py: Python<'_>, outcome: StepOutcome) -> Self {
+        Self {
+            outcome,
+            arrays: StepArrays::new(),
         }
     }
 }
