@@ -11,6 +11,19 @@ Workloads (every run on a fresh pool built outside the clock, ``gc.collect()`` b
 * ``replay``: the Mooncake conversation trace (``--trace``; skipped when absent) in a pool of
   20,000 blocks, :func:`kvpool.simulate.replay`'s calls. Per block of the trace.
 
+Adversarial shapes, so that no policy's cost depends on what the input looks like:
+
+* ``churn-one-key``: the churn with every new block cached under one and the same key (one
+  chain of duplicates in the prefix map; every evicted block lands in the same ghost set of the
+  adaptive policy, the worst collision there is).
+* ``churn-32be``: the churn with 32-byte big-endian integer keys (they differ in their last
+  bytes only), given as ``bytes``.
+* ``churn-priorities``: the churn with each request at another retention priority (0..100, so
+  the priority policy keeps many classes; the other policies are given no priority).
+* ``empty``: 1,000 requests of zero blocks (allocate, cache and free nothing). Per request.
+* ``whole-pool``: allocate every block in one call (evicting all), cache them, free them in one
+  call. Per block.
+
 Each round runs every policy once, the order rotating; the figures are the medians per policy
 and their ratio to LRU's. Usage: ``python benches/eviction_policies.py [--rounds 7] [--json]``.
 """
@@ -62,6 +75,69 @@ def churn(state: tuple[Any, int]) -> None:
         pool.free_blocks(ids, reverse=True)
 
 
+def churn_one_key(state: tuple[Any, int]) -> None:
+    """The churn, every new block cached under the same key."""
+    pool, _ = state
+    key = np.full(REQUEST, 2**63 + 12345, dtype=np.uint64)
+    for _ in range(REQUESTS):
+        ids = pool.get_new_blocks(REQUEST)
+        pool.cache_full_blocks(ids, key, 0, REQUEST)
+        pool.free_blocks(ids, reverse=True)
+
+
+def churn_32be(state: tuple[Any, list[list[bytes]]]) -> None:
+    """The churn under 32-byte big-endian integer keys (bytes made outside the clock)."""
+    pool, keys = state
+    for r in range(REQUESTS):
+        ids = pool.get_new_blocks(REQUEST)
+        pool.cache_full_blocks(ids, keys[r], 0, REQUEST)
+        pool.free_blocks(ids, reverse=True)
+
+
+def filled_32be(policy: str) -> tuple[Any, list[list[bytes]]]:
+    """A pool filled under 32-byte keys, and each request's new keys."""
+    pool = kvpool.BlockPool(POOL, eviction=policy, block_size=16)
+    usable = POOL - 1
+    ids = pool.get_new_blocks(usable)
+    pool.cache_full_blocks(ids, [i.to_bytes(32, "big") for i in range(usable)], 0, usable)
+    pool.free_blocks(ids, reverse=True)
+    keys = [[(usable + r * REQUEST + i).to_bytes(32, "big") for i in range(REQUEST)] for r in range(REQUESTS)]
+    return pool, keys
+
+
+def churn_priorities(state: tuple[Any, int]) -> None:
+    """The churn, request ``r`` at retention priority ``r % 101`` (priority policy only)."""
+    pool, next_key = state
+    with_priority = pool.eviction == "priority"
+    for r in range(REQUESTS):
+        ids = pool.get_new_blocks(REQUEST)
+        keys = np.arange(next_key + r * REQUEST, next_key + (r + 1) * REQUEST, dtype=np.uint64)
+        if with_priority:
+            pool.cache_full_blocks(ids, keys, 0, REQUEST, priority=r % 101)
+        else:
+            pool.cache_full_blocks(ids, keys, 0, REQUEST)
+        pool.free_blocks(ids, reverse=True)
+
+
+def empty(state: tuple[Any, int]) -> None:
+    """Requests of no blocks."""
+    pool, _ = state
+    none = np.zeros(0, dtype=np.uint64)
+    for _ in range(REQUESTS):
+        ids = pool.get_new_blocks(0)
+        pool.cache_full_blocks(ids, none, 0, 0)
+        pool.free_blocks(ids, reverse=True)
+
+
+def whole_pool(state: tuple[Any, int]) -> None:
+    """Every block at once: allocate (evicting all), cache, free."""
+    pool, next_key = state
+    usable = POOL - 1
+    ids = pool.get_new_blocks(usable)
+    pool.cache_full_blocks(ids, np.arange(next_key, next_key + usable, dtype=np.uint64), 0, usable)
+    pool.free_blocks(ids, reverse=True)
+
+
 def hits(state: tuple[Any, int]) -> None:
     """Look up cached chains, touch them, free them tail first."""
     pool, usable = state
@@ -78,6 +154,11 @@ def run(rounds: int, trace_path: Path | None) -> list[dict[str, Any]]:
     workloads: list[tuple[str, Callable[[Any], None], Callable[[str], Any], int]] = [
         ("churn", churn, filled_pool, REQUESTS * REQUEST),
         ("hits", hits, filled_pool, REQUESTS * REQUEST),
+        ("churn-one-key", churn_one_key, filled_pool, REQUESTS * REQUEST),
+        ("churn-32be", churn_32be, filled_32be, REQUESTS * REQUEST),
+        ("churn-priorities", churn_priorities, filled_pool, REQUESTS * REQUEST),
+        ("empty", empty, filled_pool, REQUESTS),
+        ("whole-pool", whole_pool, filled_pool, POOL - 1),
     ]
     if trace_path is not None and trace_path.exists():
         trace = load_trace(str(trace_path))
@@ -118,9 +199,9 @@ def main() -> None:
             print(json.dumps(row))
         return
     print(f"eviction policies through Python, median of {args.rounds} interleaved rounds")
-    print(f"{'workload':<10} {'policy':<10} {'ns/block':>9} {'x LRU':>7}")
+    print(f"{'workload':<17} {'policy':<10} {'ns/block':>9} {'x LRU':>7}")
     for row in rows:
-        print(f"{row['workload']:<10} {row['policy']:<10} {row['ns_per_block']:>9} {row['x_lru']:>7}")
+        print(f"{row['workload']:<17} {row['policy']:<10} {row['ns_per_block']:>9} {row['x_lru']:>7}")
 
 
 if __name__ == "__main__":
