@@ -84,7 +84,7 @@ def parse_model_shape(text: str) -> ModelShape:
     except ValueError:
         raise ValueError(f"{text!r}: LAYERS, KV_HEADS and HEAD_DIM must be integers") from None
     shape = ModelShape(layers, kv_heads, head_dim, parts[3] if len(parts) == 4 else "bf16")
-    shape.bytes_per_token  # noqa: B018  (validates the counts and the dtype)
+    kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, shape.dtype)  # ValueError if invalid
     return shape
 
 

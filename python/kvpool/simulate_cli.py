@@ -243,19 +243,28 @@ def _check_plot(path: str) -> None:
         raise CliError(f"--plot {problem}")
 
 
-def _bars(args: argparse.Namespace, trace: Trace) -> Any:
-    """A factory of progress bars, one per replay (the previous one closed)."""
-    bars: list[Progress] = []
+class _Bars:
+    """Progress bars, one per replay: calling it closes the last bar and starts the next."""
 
-    def progress(capacity: int | None, label: str = "") -> ProgressFn:
-        if bars:
-            bars[-1].close()
+    def __init__(self, args: argparse.Namespace, trace: Trace) -> None:
+        self._enabled = False if args.quiet else None
+        self._total = trace.num_requests
+        self._last: Progress | None = None
+
+    def __call__(self, capacity: int | None, label: str = "") -> ProgressFn:
+        self.close()
         name = "unbounded" if capacity is None else f"capacity {capacity}"
-        bars.append(Progress(f"{label}{name}", trace.num_requests, enabled=False if args.quiet else None))
-        return bars[-1]
+        self._last = Progress(f"{label}{name}", self._total, enabled=self._enabled)
+        return self._last
 
-    progress.close = lambda: bars[-1].close() if bars else None  # type: ignore[attr-defined]
-    return progress
+    def close(self) -> None:
+        if self._last is not None:
+            self._last.close()
+
+
+def _bars(args: argparse.Namespace, trace: Trace) -> _Bars:
+    """The progress bars of a run (none with ``--quiet`` or off a terminal)."""
+    return _Bars(args, trace)
 
 
 # --------------------------------------------------------------------------------------------

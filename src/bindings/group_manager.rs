@@ -277,7 +277,7 @@ impl PyGroupManager {
         let mut outcome = StepOutcome::default();
         self.with_manager(py, |m| m.schedule_step(&step, limits, &mut outcome))
             .py_err(py)?;
-        Ok(PyStepResult::from_outcome(py, outcome))
+        Ok(PyStepResult::from_outcome(outcome))
     }
 
     /// The request's blocks, one int32 array per group.

@@ -353,7 +353,7 @@ impl PyKVCacheManager {
         let mut outcome = StepOutcome::default();
         self.with_manager(py, |m| m.schedule_step(&step, limits, &mut outcome))
             .py_err(py)?;
-        Ok(PyStepResult::from_outcome(py, outcome))
+        Ok(PyStepResult::from_outcome(outcome))
     }
 
     /// Appends token ids (generated, or newly known) to a request.

@@ -149,7 +149,7 @@ impl StepArrays {
 
 impl PyStepResult {
     /// The result of a core step (its arrays built when first read).
-    pub(super) fn from_outcome(_py: Python<'_>, outcome: StepOutcome) -> Self {
+    pub(super) fn from_outcome(outcome: StepOutcome) -> Self {
         Self {
             outcome,
             arrays: StepArrays::new(),
