@@ -61,7 +61,10 @@ def as_sequence(values: Any, message: str) -> Sequence[Any]:
 
 
 def _index(value: Any) -> int | None:
-    """``value`` as an ``int`` if it has ``__index__``, else ``None``."""
+    """``value`` as an ``int`` if it has ``__index__`` and is no bool (Python's or numpy's, as
+    the Rust classes refuse them), else ``None``."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
     try:
         return operator.index(value)
     except TypeError:
