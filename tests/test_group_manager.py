@@ -190,3 +190,38 @@ def test_eviction_policy_argument() -> None:
         manager(eviction="fifo")
     with pytest.raises(kvpool.InvalidArgumentError, match="max_pinned_blocks"):
         manager(max_pinned_blocks=10**6)
+
+
+def test_request_priorities_keep_a_requests_blocks_longest() -> None:
+    """With ``eviction="priority"``, a high-priority request's cached blocks outlive a
+    low-priority one's under churn in every group, until its duration ends."""
+    m = kvpool.GroupManager(40, 4, ["full", ("sliding_window", 8)], eviction="priority", clock="manual")
+    keep, drop = list(range(1000, 1016)), list(range(2000, 2016))
+    m.add_request("keep", keep, priority=90, retention_s=10.0)
+    m.add_request("drop", drop, priority=10)
+    for rid in ("keep", "drop"):
+        assert m.allocate_slots(rid, 16) is not None
+        m.free(rid)
+    # Fresh requests churn the pool past its never-used blocks: the low-priority blocks go
+    # first, then the churn's own (default priority), never the high-priority ones.
+    for i in range(6):
+        m.add_request(f"c{i}", list(range(3000 + 100 * i, 3000 + 100 * i + 16)))
+        assert m.allocate_slots(f"c{i}", 16) is not None
+        m.free(f"c{i}")
+
+    def hit(prompt: list[int]) -> int:
+        m.add_request("probe", prompt)
+        _, n = m.get_computed_blocks("probe")
+        m.free("probe")
+        return n
+
+    assert hit(keep) == 12 and hit(drop) == 0
+    m.advance_clock(11.0)  # the duration is over: back to the default, behind newer blocks
+    for i in range(6, 12):
+        m.add_request(f"c{i}", list(range(3000 + 100 * i, 3000 + 100 * i + 16)))
+        assert m.allocate_slots(f"c{i}", 16) is not None
+        m.free(f"c{i}")
+    assert hit(keep) == 0
+    with pytest.raises(kvpool.InvalidArgumentError, match="eviction='priority'"):
+        manager().add_request("x", [1, 2, 3], priority=50)
+    m.check_invariants()

@@ -601,6 +601,11 @@ class GroupManager:
     @property
     def eviction(self) -> _EvictionName:
         """The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``."""
+    @property
+    def now(self) -> float:
+        """The pool's clock in seconds (since the manager was built, or as advanced)."""
+    def advance_clock(self, seconds: float) -> None:
+        """Move a ``clock="manual"`` manager's clock forward by ``seconds`` (>= 0)."""
     def add_request(
         self,
         request_id: _RequestId,
@@ -611,8 +616,13 @@ class GroupManager:
         cache_salt: str | None = None,
         mm_features: Sequence[_MmFeatureSpec] | None = None,
         prompt_embed_digests: Sequence[bytes] | None = None,
+        priority: int | None = None,
+        retention_s: float | None = None,
     ) -> None:
-        """Adds a request: its prompt token ids and extra keys (as ``KVCacheManager``)."""
+        """Adds a request: its prompt token ids and extra keys (as ``KVCacheManager``), and
+        optionally the retention ``priority`` (``0..=100``, for ``retention_s`` seconds if
+        given) of the blocks it caches or hits (managers built with ``eviction="priority"``).
+        """
     def append_token_ids(self, request_id: _RequestId, token_ids: _IdsLike) -> None:
         """Appends token ids (generated, or newly known) to a request."""
     def get_computed_blocks(self, request_id: _RequestId) -> tuple[tuple[_BlockIds, ...], int]:

@@ -8,7 +8,7 @@ use pyo3::types::{PyList, PyTuple};
 use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg};
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
-use super::eviction_args::PolicyArgs;
+use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
 use super::group_tables::{group_ids, group_spec};
 use super::hashing::{algo_arg, extract_extras, seed_arg};
 use super::locking::with_lock;
@@ -131,8 +131,10 @@ impl PyGroupManager {
         self.with_manager(py, |m| m.pool().eviction_policy().name())
     }
 
-    /// Adds a request: its prompt token ids and extra keys (as ``KVCacheManager``).
-    #[pyo3(signature = (request_id, prompt_token_ids, *, lora=None, lora_id=None, cache_salt=None, mm_features=None, prompt_embed_digests=None))]
+    /// Adds a request: its prompt token ids and extra keys (as ``KVCacheManager``), and
+    /// optionally the retention ``priority`` (``0..=100``, for ``retention_s`` seconds if
+    /// given) of the blocks it caches or hits (managers built with ``eviction="priority"``).
+    #[pyo3(signature = (request_id, prompt_token_ids, *, lora=None, lora_id=None, cache_salt=None, mm_features=None, prompt_embed_digests=None, priority=None, retention_s=None))]
     #[allow(clippy::too_many_arguments)]
     fn add_request(
         &self,
@@ -144,8 +146,11 @@ impl PyGroupManager {
         cache_salt: Option<&Bound<'_, PyAny>>,
         mm_features: Option<&Bound<'_, PyAny>>,
         prompt_embed_digests: Option<&Bound<'_, PyAny>>,
+        priority: Option<&Bound<'_, PyAny>>,
+        retention_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = super::requests::request_id(request_id)?;
+        let priority = PriorityArg::extract(py, priority, retention_s)?;
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
         let lora_info = LoraInfo {
             id: opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?,
@@ -158,7 +163,26 @@ impl PyGroupManager {
             self.enable_caching,
             &mut buf,
         )?;
-        self.with_manager(py, |m| m.add_request(id, tokens, extras, lora_info))
+        self.with_manager(py, |m| match priority {
+            None => m.add_request(id, tokens, extras, lora_info),
+            Some(p) => {
+                let p = p.at(m.pool().now());
+                m.add_prioritized_request(id, tokens, extras, lora_info, p)
+            }
+        })
+        .py_err(py)
+    }
+
+    /// The pool's clock in seconds (since the manager was built, or as advanced).
+    #[getter]
+    fn now(&self, py: Python<'_>) -> f64 {
+        self.with_manager(py, |m| m.pool().now())
+    }
+
+    /// Move a ``clock="manual"`` manager's clock forward by ``seconds`` (>= 0).
+    fn advance_clock(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
+        let seconds = opt_seconds_arg(Some(seconds), "seconds")?.unwrap_or(0.0);
+        self.with_manager(py, |m| m.advance_clock(seconds))
             .py_err(py)
     }
 

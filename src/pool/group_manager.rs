@@ -9,10 +9,11 @@ use hashbrown::HashMap;
 use super::block_pool::BlockPool;
 use super::error::{PoolError, PoolResult};
 use super::events::PoolEvent;
+use super::eviction::BlockPriority;
 use super::group_hits::GroupHit;
 use super::group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
 use super::kv_groups::{GroupSpec, KvGroups};
-use super::manager::{LoraInfo, ManagerConfig};
+use super::manager::{require_priority_policy, LoraInfo, ManagerConfig};
 use super::request_id::RequestId;
 use super::step::{run_step, Attempt, StepLimits, StepManager, StepOutcome, StepRequest};
 use super::tracker::{Sequence, SequenceExtras, SequenceHasher, TokenIds};
@@ -25,6 +26,8 @@ struct GroupRequest {
     /// vLLM's `request.shared_prefix_boundary`, set by each hit lookup.
     shared_prefix_boundary: usize,
     lora: LoraInfo,
+    /// The retention priority of the blocks the request caches or hits.
+    priority: Option<BlockPriority>,
 }
 
 /// The per-request block manager for several KV-cache groups.
@@ -116,9 +119,36 @@ impl GroupManager {
                 num_computed_tokens: 0,
                 shared_prefix_boundary: 0,
                 lora,
+                priority: None,
             },
         );
         Ok(())
+    }
+
+    /// [`add_request`](Self::add_request) with a retention priority for the blocks the
+    /// request caches and hits (hits are only raised), as
+    /// [`super::KVCacheManager::add_prioritized_request`]; needs a manager built with
+    /// [`EvictionPolicy::Priority`](super::EvictionPolicy::Priority).
+    pub fn add_prioritized_request(
+        &mut self,
+        id: RequestId,
+        prompt: TokenIds<'_>,
+        extras: SequenceExtras,
+        lora: LoraInfo,
+        priority: BlockPriority,
+    ) -> PoolResult<()> {
+        require_priority_policy(&self.pool)?;
+        let key = id.clone();
+        self.add_request(id, prompt, extras, lora)?;
+        if let Some(request) = self.requests.get_mut(&key) {
+            request.priority = Some(priority);
+        }
+        Ok(())
+    }
+
+    /// Moves a manual clock forward by `seconds` (see [`BlockPool::advance_clock`]).
+    pub fn advance_clock(&mut self, seconds: f64) -> PoolResult<()> {
+        self.pool.advance_clock(seconds)
     }
 
     /// Appends generated (or newly known) token ids to a request.
@@ -237,6 +267,7 @@ impl GroupManager {
                 .then(|| seq.tokens()),
             lora: &request.lora,
             extras: Some(seq.extras()),
+            priority: request.priority,
             ..GroupSlotCall::new(
                 request.num_computed_tokens,
                 seq.num_tokens(),

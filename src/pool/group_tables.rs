@@ -26,6 +26,7 @@ use hashbrown::HashMap;
 
 use super::block_pool::{BlockPool, CacheBlocks};
 use super::error::{PoolError, PoolResult};
+use super::eviction::BlockPriority;
 use super::group_hits::{find_longest_hit, GroupHit};
 use super::hash_key::HashSlice;
 use super::known_hashes::KnownHashes;
@@ -111,6 +112,9 @@ pub struct GroupSlotCall<'a> {
     /// The request's extra keys, for `BlockStored` events beyond the LoRA-only form
     /// (multimodal inputs, cache salt, prompt embeddings); `None`: LoRA only.
     pub extras: Option<&'a SequenceExtras>,
+    /// The retention priority of the blocks the request caches or hits (hits are only
+    /// raised); `None`: the default.
+    pub priority: Option<BlockPriority>,
 }
 
 /// No LoRA.
@@ -148,6 +152,7 @@ impl<'a> GroupSlotCall<'a> {
             token_ids: None,
             lora: &NO_LORA,
             extras: None,
+            priority: None,
         }
     }
 }
@@ -501,6 +506,9 @@ impl GroupTables {
                 let hits = &hits[skipped.min(hits.len())..];
                 if caching {
                     pool.touch(hits)?;
+                    if let Some(priority) = call.priority {
+                        pool.set_priority(hits, priority, true)?;
+                    }
                 }
                 let blocks = &mut table.blocks[g];
                 if blocks.is_empty() {
@@ -555,6 +563,7 @@ impl GroupTables {
                 call.token_ids,
                 call.lora,
                 call.extras,
+                call.priority,
             )?;
         }
         Ok(true)
@@ -596,6 +605,7 @@ impl GroupTables {
             token_ids,
             lora,
             None,
+            None,
         )
     }
 
@@ -610,6 +620,7 @@ impl GroupTables {
         token_ids: Option<&[i64]>,
         lora: &LoraInfo,
         extras: Option<&SequenceExtras>,
+        priority: Option<BlockPriority>,
     ) -> PoolResult<()> {
         if !pool.config().enable_caching {
             return Ok(());
@@ -662,7 +673,7 @@ impl GroupTables {
                 lora_id: lora.id,
                 lora_name: lora.name.as_deref(),
                 block_mask: mask.as_deref(),
-                priority: None,
+                priority,
                 extra_keys: extra_keys.as_deref(),
             };
             pool.cache_full_blocks(call)?;

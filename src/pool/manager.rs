@@ -248,12 +248,7 @@ impl KVCacheManager {
         lora: LoraInfo,
         priority: BlockPriority,
     ) -> PoolResult<()> {
-        if self.pool.eviction_policy() != super::EvictionPolicy::Priority {
-            return Err(PoolError::InvalidArgument(format!(
-                "a request priority needs a manager built with eviction='priority' (this one evicts by {})",
-                self.pool.eviction_policy().name()
-            )));
-        }
+        require_priority_policy(&self.pool)?;
         let key = id.clone();
         self.add_request(id, prompt, extras, lora)?;
         if let Some(request) = self.requests.get_mut(&key) {
@@ -673,4 +668,15 @@ pub(super) fn event_extra_keys(
             })
             .collect(),
     )
+}
+
+/// A request priority needs a pool that evicts by priority: `InvalidArgument` otherwise.
+pub(super) fn require_priority_policy(pool: &BlockPool) -> PoolResult<()> {
+    if pool.eviction_policy() != super::EvictionPolicy::Priority {
+        return Err(PoolError::InvalidArgument(format!(
+            "a request priority needs a manager built with eviction='priority' (this one evicts by {})",
+            pool.eviction_policy().name()
+        )));
+    }
+    Ok(())
 }
