@@ -101,3 +101,16 @@ def test_bad_layouts_and_pools_are_refused() -> None:
         kvpool.GroupTables(pool, ["full"], max_model_len=100, retention_interval=8)
     assert kvpool.GroupTables(pool, GROUPS, max_model_len=100).groups == (
         ("full_attention", None), ("sliding_window", 8))
+
+
+def test_groups_of_larger_blocks() -> None:
+    """A group's third item is its block size, a multiple of the pool's (the hash size)."""
+    pool = kvpool.BlockPool(64, block_size=16)
+    tables = kvpool.GroupTables(pool, [("full", None, 32), ("sliding_window", 64, 16)], max_model_len=512)
+    hashes = [bytes([i]) * 32 for i in range(4)]  # 64 tokens of 16-token hashes
+    got = tables.allocate_slots("a", 0, 64, 64, hashes, 64)
+    assert got is not None and [len(g) for g in got] == [2, 4]
+    tables.check_invariants()
+    for bad in ([("full", None, 24)], [("sliding_window", 64, 0)], [("full", 3, 32)]):
+        with pytest.raises(kvpool.InvalidArgumentError):
+            kvpool.GroupTables(pool, bad, max_model_len=512)

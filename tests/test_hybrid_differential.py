@@ -15,6 +15,7 @@ retention off (dense) and on (sparse segments, and replay boundaries only).
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -30,7 +31,17 @@ LAYOUTS: dict[str, tuple[int, list[Any]]] = {
     "gpt-oss swa128 / full": (16, [("sliding_window", 128), "full", ("sliding_window", 128), "full"]),
     "chunked local 64 + full": (16, [("chunked_local", 64), "full"]),
     "small windows": (4, [("sliding_window", 12), "full", ("sliding_window", 9)]),
+    # Groups of larger blocks than the hash granularity (a third item): vLLM views the
+    # hashes at each group's size, aligns hits to the least common block size and caches
+    # a full-attention group's partial prompt tail under an extra key.
+    "full32 + swa16, hashes of 16": (16, [("full", None, 32), ("sliding_window", 64, 16)]),
+    "swa32 + full16 + chunked32": (16, [("sliding_window", 96, 32), "full", ("chunked_local", 64, 32)]),
 }
+
+
+def group_block_size(group: Any, hash_block_size: int) -> int:
+    """A layout group's block size: its third item, else the hash granularity."""
+    return group[2] if isinstance(group, tuple) and len(group) == 3 else hash_block_size
 
 
 def vllm_manager(block_size: int, groups: list[Any], num_blocks: int, retention: int | None,
@@ -44,10 +55,10 @@ def vllm_manager(block_size: int, groups: list[Any], num_blocks: int, retention:
         SlidingWindowSpec,
     )
 
-    common = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     specs = []
     for g in groups:
-        if g == "full":
+        common = dict(block_size=group_block_size(g, block_size), num_kv_heads=1, head_size=1, dtype=torch.float32)
+        if g == "full" or g[0] == "full":
             specs.append(FullAttentionSpec(**common))
         elif g[0] == "sliding_window":
             specs.append(SlidingWindowSpec(**common, sliding_window=g[1]))
@@ -59,7 +70,8 @@ def vllm_manager(block_size: int, groups: list[Any], num_blocks: int, retention:
         kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
         prefix_cache_retention_interval=retention,
     )
-    return KVCacheManager(config, max_model_len=max_model_len, scheduler_block_size=block_size,
+    scheduler_block_size = math.lcm(*(s.block_size for s in specs))
+    return KVCacheManager(config, max_model_len=max_model_len, scheduler_block_size=scheduler_block_size,
                           hash_block_size=block_size, enable_caching=caching, enable_kv_cache_events=True,
                           max_in_flight_tokens=max_in_flight_tokens)
 
@@ -144,6 +156,8 @@ class Pair:
         self.caching = caching
         self.steps = 0
         self.added: set[str] = set()
+        #: Every event compared so far.
+        self.log: list[tuple[Any, ...]] = []
 
     def hit(self, req: Any) -> tuple[Any, list[list[int]] | None, int]:
         theirs, n, boundary = self.vllm.get_computed_blocks(req)
@@ -225,6 +239,7 @@ class Pair:
         assert self.vllm.block_pool.get_num_free_blocks() == self.pool.get_num_free_blocks()
         events = vllm_events(self.vllm.take_events())
         assert events == kvpool_events(self.pool.take_events())
+        self.log.extend(events)
         if self.manager is not None:
             assert self.manager.get_num_free_blocks() == self.pool.get_num_free_blocks()
             assert kvpool_events(self.manager.take_events()) == events
@@ -237,7 +252,7 @@ class Pair:
 def run(seed: int, layout: str, retention_choice: str, gates: bool = False) -> int:
     rng = random.Random(seed)
     block_size, groups = LAYOUTS[layout]
-    windows = [g[1] for g in groups if g != "full"]
+    windows = [g[1] for g in groups if g != "full" and g[0] != "full"]
     span = max(windows + [4 * block_size])
     retention = {"dense": None, "replay only": 0, "segments": block_size * rng.choice([2, 4, 8])}[retention_choice]
     if not any(g != "full" and g[0] == "sliding_window" for g in groups) and retention:
@@ -306,3 +321,38 @@ def test_gates_and_lookahead_match_vllm(layout: str) -> None:
     steps = sum(run(seed, layout, "segments", gates=True) for seed in range(12))
     seen = {k: SEEN[k] - before[k] for k in ("gated", "refused", "window_frees")}
     assert steps > 100 and all(seen.values()), seen
+
+
+def test_partial_tail_keys_match_vllm() -> None:
+    """A full-attention group of 32-token blocks over 16-token hashes: once the block
+    holding the prompt's last hash boundary (48 of 50 tokens) is cached in full, it also
+    takes the partial key at the boundary, an extra key; eviction removes both. (In a
+    hybrid layout hits and caching align to the least common block size, so a partial key
+    never comes before its block is full.) Every event as vLLM's."""
+    pair = Pair(16, [("full", None, 32), ("sliding_window", 64, 16)], num_blocks=12, retention=None,
+                caching=True, max_model_len=512)
+    req = make_request("a", list(range(100, 150)), 16)  # 50 tokens: the last boundary is 48
+    hit = pair.hit(req)
+    assert pair.allocate(req, 50, hit)
+    req.num_computed_tokens = 50
+    pair.compare([req])
+    for token in range(20):  # decode past the end of the block holding the boundary
+        pair.decode(req, 7 + token)
+        assert pair.allocate(req, 1, None)
+        req.num_computed_tokens += 1
+        pair.compare([req])
+    pair.free(req)
+    pair.compare([])
+    other = make_request("b", list(range(900, 1200)), 16)  # long enough to evict everything
+    assert pair.allocate(other, 64, pair.hit(other))
+    other.num_computed_tokens = 64
+    pair.compare([other])
+    group0 = [e for e in pair.log if e[-1] == 0]
+    partial = [e for e in group0 if e[0] == "BlockStored" and e[4] == 16]
+    assert len(partial) == 1  # the tail at 48 tokens, registered once
+    partial_hash = partial[0][1][0]
+    removed = [e[1][0] for e in group0 if e[0] == "BlockRemoved"]
+    assert removed.count(partial_hash) == 1  # evicted with its block
+    full = {h for e in group0 if e[0] == "BlockStored" and e[4] == 32 for h in e[1]}
+    at = pair.log.index(("BlockRemoved", [partial_hash], 0))
+    assert pair.log[at - 1][0] == "BlockRemoved" and pair.log[at - 1][1][0] in full  # its block's full key first

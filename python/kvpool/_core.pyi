@@ -281,6 +281,9 @@ _EvictionName = Literal["lru", "priority", "adaptive"]
 _ClockName = Literal["monotonic", "manual"]
 _LoraSpec = tuple[str, str]  # (lora_name, lora_path)
 _MmFeatureSpec = tuple[str, int, int]  # (identifier, offset, length)
+# "full", ("sliding_window", window), ("chunked_local", chunk), or with a block size third:
+# ("full", None, 32), ("sliding_window", 128, 32)
+_GroupSpec = str | tuple[str] | tuple[str, int] | tuple[str, int | None, int]
 
 @final
 class BlockHashList:
@@ -579,7 +582,7 @@ class GroupManager:
         cls,
         num_blocks: int,
         block_size: int,
-        groups: Sequence[str | tuple[str] | tuple[str, int]],
+        groups: Sequence[_GroupSpec],
         *,
         enable_caching: bool | None = None,
         hash_algo: _HashAlgoName | None = None,
@@ -713,7 +716,7 @@ class GroupTables:
     def __new__(
         cls,
         pool: BlockPool,
-        groups: Sequence[str | tuple[str] | tuple[str, int]],
+        groups: Sequence[_GroupSpec],
         *,
         max_model_len: int,
         max_in_flight_tokens: int | None = None,

@@ -366,6 +366,7 @@ impl PyBlockPool {
                 block_mask: None,
                 priority: priority.map(|p| p.at(pool.now())),
                 extra_keys: None,
+                block_size: None,
             };
             pool.cache_full_blocks(call)
         })

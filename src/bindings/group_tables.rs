@@ -64,7 +64,10 @@ pub(super) struct GroupSlotArgs<'a, 'py> {
     pub shared_prefix_boundary: Option<&'a Bound<'py, PyAny>>,
 }
 
-/// A group spec from ``"full"``, ``("sliding_window", n)`` or ``("chunked_local", n)``.
+/// A group spec from ``"full"``, ``("sliding_window", n)`` or ``("chunked_local", n)``,
+/// with the pool's block size; a third item, as in ``("full", None, 32)`` or
+/// ``("sliding_window", 128, 32)``, gives the group its own block size (a multiple of the
+/// pool's).
 pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<GroupSpec> {
     let py = obj.py();
     let bad = || {
@@ -72,7 +75,7 @@ pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<
             py,
             ErrorKind::InvalidArgument,
             format!(
-                "a group is \"full\", (\"sliding_window\", window) or (\"chunked_local\", chunk), got {}",
+                "a group is \"full\", (\"sliding_window\", window) or (\"chunked_local\", chunk), optionally with a block size as a third item, got {}",
                 obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| type_name(obj))
             ),
         )
@@ -84,10 +87,22 @@ pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<
         };
     }
     let tuple = obj.cast::<PyTuple>().map_err(|_| bad())?;
-    if tuple.len() == 1 {
+    let (block_size, len) = match tuple.len() {
+        3 => (
+            int_arg(
+                &tuple.get_item(2)?,
+                "a group's block size",
+                1,
+                u32::MAX as i64,
+            )? as usize,
+            2,
+        ),
+        n => (block_size, n),
+    };
+    if len == 1 {
         return group_spec(&tuple.get_item(0)?, block_size);
     }
-    if tuple.len() != 2 {
+    if len != 2 {
         return Err(bad());
     }
     let kind = tuple.get_item(0)?;
@@ -96,12 +111,11 @@ pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<
         .map_err(|_| bad())?
         .to_str()?
         .to_owned();
-    let n = int_arg(
-        &tuple.get_item(1)?,
-        "a group's window or chunk",
-        1,
-        u32::MAX as i64,
-    )? as usize;
+    let param = tuple.get_item(1)?;
+    if matches!(kind.as_str(), "full" | "full_attention") && param.is_none() {
+        return Ok(GroupSpec::full(block_size));
+    }
+    let n = int_arg(&param, "a group's window or chunk", 1, u32::MAX as i64)? as usize;
     match kind.as_str() {
         "sliding_window" => Ok(GroupSpec::sliding_window(block_size, n)),
         "chunked_local" | "chunked_local_attention" => Ok(GroupSpec::chunked_local(block_size, n)),

@@ -97,6 +97,9 @@ pub struct CacheBlocks<'a> {
     /// The new blocks' extra keys for the event, one entry per block of
     /// `num_cached_blocks..num_full_blocks` (`None`: the LoRA-only form).
     pub extra_keys: Option<&'a [Option<Vec<EventExtraKey>>]>,
+    /// Tokens per block of the call's group, when it is not the pool's (a group whose
+    /// blocks are larger than the hash granularity).
+    pub block_size: Option<u32>,
 }
 
 impl<'a> CacheBlocks<'a> {
@@ -119,12 +122,13 @@ impl<'a> CacheBlocks<'a> {
             block_mask: None,
             priority: None,
             extra_keys: None,
+            block_size: None,
         }
     }
 
     /// Whether the `i`-th new block (from `num_cached_blocks`) is to be cached.
     #[inline]
-    fn wanted(&self, i: usize) -> bool {
+    pub(super) fn wanted(&self, i: usize) -> bool {
         self.block_mask.is_none_or(|m| m[i])
     }
 }
@@ -162,6 +166,9 @@ pub struct BlockPool {
     evictions: u64,
     /// `(block, ghost fingerprint)` pairs of one call, for the adaptive policy.
     ghost_scratch: Vec<(u32, u64)>,
+    /// Partial and extra keys (`partial_keys.rs`); empty unless a group's blocks are
+    /// larger than the hash granularity.
+    pub(super) partial: super::partial_keys::PartialKeys,
 }
 
 impl BlockPool {
@@ -219,6 +226,7 @@ impl BlockPool {
             pins: hashbrown::HashSet::new(),
             evictions: 0,
             ghost_scratch: Vec::new(),
+            partial: super::partial_keys::PartialKeys::default(),
         })
     }
 
@@ -297,7 +305,7 @@ impl BlockPool {
         }
     }
 
-    fn check_hash_width(&self, width: usize) -> PoolResult<()> {
+    pub(super) fn check_hash_width(&self, width: usize) -> PoolResult<()> {
         match self.hash_width {
             Some(w) if w != width => Err(PoolError::HashWidth {
                 got: width,
@@ -345,7 +353,7 @@ impl BlockPool {
     /// Removes block `id` from the prefix cache, if it is there (one `BlockRemoved`);
     /// returns the key it held.
     #[inline]
-    fn drop_key(&mut self, id: u32) -> Option<BlockHashKey> {
+    pub(super) fn drop_key(&mut self, id: u32) -> Option<BlockHashKey> {
         let slot = std::mem::replace(&mut self.slab.get_mut(id).key_slot, NIL);
         if slot == NIL {
             return None;
@@ -356,6 +364,9 @@ impl BlockPool {
                 block_hash: key.hash,
                 group_idx: key.group,
             });
+        }
+        if !self.partial.is_empty() {
+            self.drop_partial_keys(id);
         }
         Some(key)
     }
@@ -445,7 +456,7 @@ impl BlockPool {
                 )));
             }
         }
-        let block_size = self.config.block_size as usize;
+        let block_size = call.block_size.unwrap_or(self.config.block_size) as usize;
         if let Some(tokens) = call.token_ids {
             if tokens.len() < num_full_blocks * block_size {
                 return Err(PoolError::InvalidArgument(format!(
@@ -464,9 +475,18 @@ impl BlockPool {
             return Ok(());
         }
         let new_blocks = &block_ids[num_cached_blocks..num_full_blocks];
+        if !self.partial.is_empty() {
+            // Promotions drop keys (and emit events) as they go: check the whole call
+            // first, so that a refused one changes nothing.
+            self.check_promotions(new_blocks, &call, block_size)?;
+        }
         for (i, &id) in new_blocks.iter().enumerate() {
             if self.is_null(id) || !call.wanted(i) {
                 continue;
+            }
+            let meta = *self.slab.get(id);
+            if meta.is_cached() && self.promotes(id, (num_cached_blocks + i + 1) * block_size) {
+                self.drop_key(id);
             }
             let meta = *self.slab.get(id);
             let problem = if meta.ref_cnt == 0 {
@@ -539,7 +559,7 @@ impl BlockPool {
                     .checked_sub(1)
                     .map(|i| block_hashes.block_hash(i)),
                 token_ids,
-                block_size: self.config.block_size,
+                block_size: block_size as u32,
                 lora_id: call.lora_id,
                 lora_name: call.lora_name.map(str::to_owned),
                 group_idx: call.group,
@@ -551,7 +571,12 @@ impl BlockPool {
 
     /// Tells the eviction policy that block `id` now holds `key`.
     #[inline]
-    fn note_cached(&mut self, id: u32, key: &BlockHashKey, priority: Option<BlockPriority>) {
+    pub(super) fn note_cached(
+        &mut self,
+        id: u32,
+        key: &BlockHashKey,
+        priority: Option<BlockPriority>,
+    ) {
         match self.config.eviction {
             EvictionPolicy::Lru => {}
             EvictionPolicy::Priority => self
@@ -654,6 +679,10 @@ impl BlockPool {
             if meta.key_slot != NIL {
                 self.map.remove(meta.key_slot);
                 self.slab.get_mut(id).key_slot = NIL;
+                self.partial.primary_tokens.remove(&id);
+                for slot in self.partial.extra_slots.remove(&id).unwrap_or_default() {
+                    self.map.remove(slot);
+                }
             }
             return Ok(());
         };
@@ -691,6 +720,7 @@ impl BlockPool {
         }
         let slab = &mut self.slab;
         self.map.drain_blocks(|id| slab.get_mut(id).key_slot = NIL);
+        self.partial.clear();
         self.queue.eviction_mut().on_reset();
         if self.config.enable_events {
             self.emit(PoolEvent::AllBlocksCleared);
@@ -746,7 +776,7 @@ impl BlockPool {
 
     /// Queues `event`, dropping the oldest if the queue is full.
     #[inline]
-    fn emit(&mut self, event: PoolEvent) {
+    pub(super) fn emit(&mut self, event: PoolEvent) {
         if self.events.len() >= self.config.max_pending_events {
             self.events.pop_front();
             self.dropped_events += 1;

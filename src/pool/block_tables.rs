@@ -390,6 +390,7 @@ impl BlockTables {
             lora_id: lora.id,
             lora_name: lora.name.as_deref(),
             extra_keys: None,
+            block_size: None,
             block_mask: None,
             priority: None,
         };

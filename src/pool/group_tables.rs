@@ -32,6 +32,7 @@ use super::hash_key::HashSlice;
 use super::known_hashes::KnownHashes;
 use super::kv_groups::{AttentionKind, KvGroups};
 use super::manager::{event_extra_keys, LoraInfo};
+use super::partial_keys::PartialBlock;
 use super::request_id::{RequestId, RequestKey};
 use super::retention::{reachable_block_mask, replay_boundary};
 use super::slots;
@@ -643,6 +644,17 @@ impl GroupTables {
             let num_full = (cacheable.min(hashes.len() * layout.hash_block_size()) / bs)
                 .min(table.blocks[g].len());
             if num_cached >= num_full {
+                Self::cache_partial_tail(
+                    layout,
+                    pool,
+                    table,
+                    g,
+                    cacheable,
+                    num_prompt_tokens,
+                    token_ids,
+                    lora,
+                    extras,
+                )?;
                 continue;
             }
             let mask = match spec.kind {
@@ -659,9 +671,11 @@ impl GroupTables {
             let extra_keys = extras
                 .filter(|_| pool.config().enable_events)
                 .and_then(|e| event_extra_keys(e, num_cached..num_full, bs));
+            let mut buf = Vec::new();
+            let view = hashes.every(layout.scale(g), &mut buf);
             let call = CacheBlocks {
                 block_ids: &table.blocks[g],
-                block_hashes: hashes,
+                block_hashes: view,
                 num_cached_blocks: num_cached,
                 num_full_blocks: num_full,
                 group: g as u32,
@@ -675,11 +689,79 @@ impl GroupTables {
                 block_mask: mask.as_deref(),
                 priority,
                 extra_keys: extra_keys.as_deref(),
+                block_size: Some(bs as u32),
             };
             pool.cache_full_blocks(call)?;
             table.num_cached[g] = Some(num_full);
+            Self::cache_partial_tail(
+                layout,
+                pool,
+                table,
+                g,
+                cacheable,
+                num_prompt_tokens,
+                token_ids,
+                lora,
+                extras,
+            )?;
         }
         Ok(())
+    }
+
+    /// vLLM 0.33's `FullAttentionManager._cache_partial_tail_block`: a full-attention
+    /// group whose blocks are larger than the hash granularity also caches the block
+    /// holding the prompt's last hash boundary (short of its last token) under the hash
+    /// at that boundary, once the request has computed that far.
+    #[allow(clippy::too_many_arguments)]
+    fn cache_partial_tail(
+        layout: &KvGroups,
+        pool: &mut BlockPool,
+        table: &Table,
+        g: usize,
+        num_tokens: usize,
+        num_prompt_tokens: usize,
+        token_ids: Option<&[i64]>,
+        lora: &LoraInfo,
+        extras: Option<&SequenceExtras>,
+    ) -> PoolResult<()> {
+        let spec = &layout.specs()[g];
+        let (bs, hbs) = (spec.block_size, layout.hash_block_size());
+        if bs == hbs || !spec.is_full() {
+            return Ok(());
+        }
+        let hashes = table.hashes.as_slice();
+        let boundary = (num_prompt_tokens.saturating_sub(1) / hbs).min(hashes.len()) * hbs;
+        if boundary == 0 || boundary > num_tokens || boundary % bs == 0 {
+            return Ok(());
+        }
+        let Some(&block_id) = table.blocks[g].get(boundary / bs) else {
+            return Ok(());
+        };
+        let n = boundary / hbs;
+        let start = (n - 1) * hbs;
+        let events = pool.config().enable_events;
+        let event_keys = extras.filter(|_| events).map(|e| {
+            let inputs = e.inputs();
+            let mut cursor = inputs.mm_cursor(n - 1, hbs);
+            inputs
+                .block_keys(n - 1, hbs, &mut cursor)
+                .and_then(|keys| keys.event_keys())
+        });
+        let window = token_ids
+            .filter(|t| events && t.len() >= boundary)
+            .map_or(&[][..], |t| &t[start..boundary]);
+        pool.cache_partial_block(PartialBlock {
+            block_id,
+            hash: hashes.block_hash(n - 1),
+            group: g as u32,
+            num_tokens: boundary as u32,
+            parent: (n > 1).then(|| hashes.block_hash(n - 2)),
+            token_ids: window,
+            hash_block_size: hbs as u32,
+            lora_id: lora.id,
+            lora_name: lora.name.as_deref(),
+            extra_keys: event_keys,
+        })
     }
 
     /// vLLM's `remove_skipped_blocks`: gives back each group's blocks that no

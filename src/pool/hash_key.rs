@@ -137,6 +137,27 @@ impl<'a> HashSlice<'a> {
         self.bytes
     }
 
+    /// The view at a `scale` times coarser block size (vLLM's
+    /// `BlockHashListWithBlockSize`): its hash `i` is hash `(i + 1) * scale - 1`, the
+    /// chained hash at the end of the coarser block. `self` itself when `scale` is 1;
+    /// otherwise the hashes are copied into `buf`.
+    pub fn every<'b>(&self, scale: usize, buf: &'b mut Vec<u8>) -> HashSlice<'b>
+    where
+        'a: 'b,
+    {
+        if scale <= 1 {
+            return *self;
+        }
+        buf.clear();
+        for i in (scale - 1..self.len()).step_by(scale) {
+            buf.extend_from_slice(self.get(i));
+        }
+        HashSlice {
+            bytes: buf,
+            width: self.width,
+        }
+    }
+
     /// Hash `i`.
     pub fn get(&self, i: usize) -> &'a [u8] {
         &self.bytes[i * self.width..(i + 1) * self.width]

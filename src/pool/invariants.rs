@@ -57,18 +57,35 @@ impl BlockPool {
             }
         }
         let cached = self.slab.iter().filter(|m| m.is_cached()).count();
-        if cached != self.map.len() {
+        let extra: usize = self.partial.extra_slots.values().map(Vec::len).sum();
+        if cached + extra != self.map.len() {
             problems.push(format!(
-                "prefix map: {} entries but {cached} cached blocks",
+                "prefix map: {} entries but {cached} cached blocks and {extra} extra keys",
                 self.map.len()
             ));
         }
+        let keyed = self
+            .partial
+            .extra_slots
+            .keys()
+            .chain(self.partial.primary_tokens.keys());
+        for &id in keyed {
+            if id >= n || !self.slab.get(id).is_cached() {
+                problems.push(format!(
+                    "block {id}: a partial or extra key without a primary key"
+                ));
+            }
+        }
         let slab = &self.slab;
+        let partial = &self.partial;
         self.map.check(
-            |block| {
-                (block < n)
-                    .then(|| slab.get(block).key_slot)
-                    .filter(|&s| s != NIL)
+            |block, slot| {
+                block < n
+                    && (slab.get(block).key_slot == slot
+                        || partial
+                            .extra_slots
+                            .get(&block)
+                            .is_some_and(|slots| slots.contains(&slot)))
             },
             &mut problems,
         );

@@ -177,9 +177,9 @@ impl KvGroups {
     /// caches a sliding-window tail at every hit boundary, `Some(0)` only at the
     /// prompt's replay boundary, `Some(n)` once per `n`-token segment.
     ///
-    /// kvpool supports groups whose block size equals `hash_block_size` (vLLM
-    /// caches partial tail blocks when they differ, which kvpool does not do
-    /// yet); anything else is an `InvalidArgument`.
+    /// Every group's block size must be a multiple of `hash_block_size` (an
+    /// `InvalidArgument` otherwise); a full-attention group with larger blocks also
+    /// caches its prompt's last block under a partial key, as vLLM does.
     pub fn new(
         specs: Vec<GroupSpec>,
         hash_block_size: usize,
@@ -197,14 +197,14 @@ impl KvGroups {
         }
         for spec in &specs {
             spec.validate()?;
-            if spec.block_size != hash_block_size {
+            if hash_block_size == 0 || spec.block_size % hash_block_size != 0 {
                 return Err(PoolError::InvalidArgument(format!(
-                    "every group's block_size must equal hash_block_size ({hash_block_size}), got {}",
+                    "every group's block_size must be a multiple of hash_block_size ({hash_block_size}), got {}",
                     spec.block_size
                 )));
             }
         }
-        let scheduler_block_size = hash_block_size;
+        let scheduler_block_size = specs.iter().map(|s| s.block_size).fold(1, lcm);
         let sparse = specs
             .iter()
             .any(|s| matches!(s.kind, AttentionKind::SlidingWindow { .. }));
@@ -268,9 +268,15 @@ impl KvGroups {
         self.hash_block_size
     }
 
-    /// The granularity of hits and of cacheable prefixes.
+    /// The granularity of hits and of cacheable prefixes: the least common multiple
+    /// of the groups' block sizes.
     pub fn scheduler_block_size(&self) -> usize {
         self.scheduler_block_size
+    }
+
+    /// How many hash blocks make one block of group `g`.
+    pub fn scale(&self, g: usize) -> usize {
+        self.specs[g].block_size / self.hash_block_size
     }
 
     /// The sliding-window retention interval.
@@ -282,6 +288,15 @@ impl KvGroups {
     pub fn spec_groups(&self) -> &[SpecGroup] {
         &self.spec_groups
     }
+}
+
+/// The least common multiple of `a` and `b` (both at least 1).
+fn lcm(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
 }
 
 #[cfg(test)]
@@ -328,12 +343,17 @@ mod tests {
     #[test]
     fn bad_layouts_are_refused() {
         assert!(KvGroups::new(vec![], 16, None).is_err());
-        assert!(KvGroups::new(vec![GroupSpec::full(32)], 16, None).is_err());
+        assert!(KvGroups::new(vec![GroupSpec::full(24)], 16, None).is_err()); // not a multiple
         assert!(KvGroups::new(vec![GroupSpec::sliding_window(16, 0)], 16, None).is_err());
         assert!(KvGroups::new(vec![GroupSpec::full(16)], 16, Some(32)).is_err());
         assert!(KvGroups::new(vec![GroupSpec::full(16)], 16, Some(0)).is_ok());
         let swa = vec![GroupSpec::full(16), GroupSpec::sliding_window(16, 64)];
         assert!(KvGroups::new(swa.clone(), 16, Some(24)).is_err());
         assert!(KvGroups::new(swa, 16, Some(64)).is_ok());
+        // Larger blocks: the scheduler block size is their least common multiple.
+        let mixed = vec![GroupSpec::full(32), GroupSpec::sliding_window(48, 96)];
+        let layout = KvGroups::new(mixed.clone(), 16, None).unwrap();
+        assert_eq!((layout.scheduler_block_size(), layout.scale(0), layout.scale(1)), (96, 2, 3));
+        assert!(KvGroups::new(mixed, 16, Some(48)).is_err()); // not a multiple of 96
     }
 }

@@ -521,6 +521,7 @@ impl KVCacheManager {
             block_mask: None,
             priority: request.priority,
             extra_keys: extra_keys.as_deref(),
+            block_size: None,
         };
         pool.cache_full_blocks(call)?;
         request.num_cached_blocks = num_full;

@@ -27,6 +27,8 @@ mod key_hasher;
 mod known_hashes;
 mod kv_groups;
 mod manager;
+mod partial_keys;
+pub use partial_keys::PartialBlock;
 mod pins;
 mod prefix_map;
 mod release;

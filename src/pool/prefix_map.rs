@@ -250,9 +250,9 @@ impl PrefixMap {
         self.vacant.clear();
     }
 
-    /// Checks the map's own structure against `block_key_slot` (each block's slot,
-    /// [`NIL`] when uncached); pushes a description of every broken invariant.
-    pub fn check(&self, block_key_slot: impl Fn(u32) -> Option<u32>, problems: &mut Vec<String>) {
+    /// Checks the map's own structure against `owns(block, slot)` (whether `block`
+    /// holds the entry at `slot`); pushes a description of every broken invariant.
+    pub fn check(&self, owns: impl Fn(u32, u32) -> bool, problems: &mut Vec<String>) {
         let mut seen = vec![false; self.entries.len()];
         for &slot in &self.vacant {
             if let Some(flag) = seen.get_mut(slot as usize) {
@@ -296,7 +296,7 @@ impl PrefixMap {
                         entry.prev_dup
                     ));
                 }
-                if block_key_slot(entry.block) != Some(slot) {
+                if !owns(entry.block, slot) {
                     problems.push(format!(
                         "prefix map: slot {slot} names block {} which does not point back to it",
                         entry.block
@@ -386,7 +386,10 @@ mod tests {
                 let slots: Vec<Option<u32>> = (0..live.len())
                     .map(|j| (!removed[j]).then_some(live[j].0))
                     .collect();
-                m.check(|block| slots[block as usize], &mut problems);
+                m.check(
+                    |block, slot| slots[block as usize] == Some(slot),
+                    &mut problems,
+                );
                 assert!(problems.is_empty(), "{problems:?}");
             }
         }

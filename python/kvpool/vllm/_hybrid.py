@@ -8,14 +8,16 @@ when they leave a window (``remove_skipped_blocks``), sliding-window retention. 
 ``KVCacheBlocks`` over one id array per group.
 
 Covered: groups of ``FullAttentionSpec``, ``SlidingWindowSpec`` (no ``extra_retained_tokens``)
-and ``ChunkedLocalAttentionSpec`` whose block sizes all equal ``hash_block_size`` and
-``scheduler_block_size``, with or without prefix caching, with ``retention_interval``, stats,
-watermark, reserved blocks, external tokens, delayed caching and KV events. Not covered (vLLM's
-own class is built, as for one group): Mamba and cross-attention groups, groups of different
-block sizes, eagle, lookahead hashing, context parallelism, metrics collectors.
+and ``ChunkedLocalAttentionSpec`` whose block sizes are multiples of ``hash_block_size`` (the
+scheduler block size their least common multiple), with or without prefix caching, with
+``retention_interval``, stats, watermark, reserved blocks, external tokens, delayed caching and
+KV events. Not covered (vLLM's own class is built, as for one group): Mamba and cross-attention
+groups, eagle, lookahead hashing, context parallelism, metrics collectors.
 """
 
 from __future__ import annotations
+
+import math
 
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -46,14 +48,15 @@ _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _DEFAULT_ROLE = getattr(KVCacheGroupRole, "DEFAULT", None)
 
 
-def group_spec(spec: Any) -> str | tuple[str, int] | None:
-    """A vLLM spec as a ``kvpool.GroupTables`` group, or ``None`` if kvpool does not cover it."""
+def group_spec(spec: Any) -> tuple[str, int | None, int] | None:
+    """A vLLM spec as a ``kvpool.GroupTables`` group (kind, window or chunk, block size), or
+    ``None`` if kvpool does not cover it."""
     if type(spec) is FullAttentionSpec:
-        return "full"
+        return ("full", None, spec.block_size)
     if type(spec) is SlidingWindowSpec and not getattr(spec, "extra_retained_tokens", 0):
-        return ("sliding_window", spec.sliding_window)
+        return ("sliding_window", spec.sliding_window, spec.block_size)
     if type(spec) is ChunkedLocalAttentionSpec:
-        return ("chunked_local", spec.attention_chunk_size)
+        return ("chunked_local", spec.attention_chunk_size, spec.block_size)
     return None
 
 
@@ -64,12 +67,17 @@ def groups_unsupported_reason(kv_cache_config: KVCacheConfig, scheduler_block_si
         spec = group.kv_cache_spec
         if group_spec(spec) is None:
             return f"a {type(spec).__name__} group"
-        if spec.block_size != hash_block_size or spec.block_size != scheduler_block_size:
-            return "KV-cache groups whose block sizes differ from hash_block_size or scheduler_block_size"
+        if spec.block_size % hash_block_size:
+            return "a KV-cache group whose block size is not a multiple of hash_block_size"
         if getattr(group, "role", _DEFAULT_ROLE) != _DEFAULT_ROLE or getattr(group, "is_eagle_group", False):
             return "a KV-cache group with a role"
         if not getattr(spec, "prefix_cacheable", True):
             return "a KV-cache group that opts out of prefix caching"
+    sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+    if scheduler_block_size != math.lcm(*sizes):
+        return "a scheduler_block_size other than the groups' least common block size"
+    if len(sizes) == 1 and sizes[0] != hash_block_size:
+        return "one group whose block size differs from hash_block_size"  # vLLM's unitary coordinator refuses it
     return None
 
 
@@ -291,7 +299,7 @@ class HybridKVCacheManager(ManagerCommon):
         self.block_size: int = specs[0].block_size
         retention = kv_cache_config.prefix_cache_retention_interval
         _validate_retention(retention, scheduler_block_size, kv_cache_config)
-        self._pool = kvpool.BlockPool(kv_cache_config.num_blocks, block_size=self.block_size,
+        self._pool = kvpool.BlockPool(kv_cache_config.num_blocks, block_size=hash_block_size,
                                       enable_caching=enable_caching, enable_events=enable_kv_cache_events,
                                       **pool_options())
         zeroing = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False))

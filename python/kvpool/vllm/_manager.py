@@ -8,8 +8,8 @@ Results are ``KVCacheBlocks`` whose ``get_block_ids()`` hands the ids over direc
 Covered: one full-attention KV-cache group with ``hash_block_size == block_size``, with or
 without prefix caching, stats, watermark, reserved blocks, external (connector) tokens,
 delayed caching and KV events; and, through ``kvpool.vllm._hybrid`` on
-``kvpool.GroupTables``, several groups of full, sliding-window and chunked-local attention of
-one block size. Everything else (Mamba, encoder caches, groups of different block sizes,
+``kvpool.GroupTables``, several groups of full, sliding-window and chunked-local attention
+(block sizes multiples of ``hash_block_size``). Everything else (Mamba, encoder caches,
 eagle, context parallelism, hisparse, a metrics collector) is built by vLLM's own class
 instead, and logged once per reason.
 """
