@@ -19,7 +19,7 @@ arrives whole.
    stream; those are counted as batches, not events). Prints
    how many batches and events arrived, in order, how many gaps replay filled, and the time.
 
-``python benches/events_publish.py [--rounds 7] [--events 1000000] [--no-subscriber]``
+``python benches/events_publish.py [--rounds 7] [--events 1000000] [--no-subscriber] [--fresh-publisher]``
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def serving_step(manager: kvpool.KVCacheManager, prompts: list[np.ndarray], step
     manager.free_many(rids)
 
 
-def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int) -> None:
+def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh: bool = False) -> None:
     rng = np.random.default_rng(0)
     publisher = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps,
                              group_specs={0: ("full_attention", None)})
@@ -57,19 +57,24 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int) -> No
 
     def run(name: str, workload: list[list[np.ndarray]]) -> float:
         manager = kvpool.KVCacheManager(30_000, 16, enable_events=True)
+        # ``fresh``: a publisher of its own per run, so that no run inherits the buffer's
+        # payloads (and their memory) from the runs before it.
+        pub = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps) if fresh else publisher
         t0 = time.perf_counter()
         for s, prompts in enumerate(workload):
             serving_step(manager, prompts, s)
             if name == "events dropped":
                 manager.take_events_msgpack(group_specs={0: ("full_attention", None)})
             elif name == "published as bytes":
-                publisher.publish(manager.take_events_msgpack(group_specs={0: ("full_attention", None)}))
+                pub.publish(manager.take_events_msgpack(group_specs={0: ("full_attention", None)}))
             else:
-                publisher.publish(manager.take_events())
-        assert publisher.flush(120)
+                pub.publish(manager.take_events())
+        assert pub.flush(120)
         elapsed = time.perf_counter() - t0  # flushing counted: the thread's work shares the GIL
         while listener is not None and listener.poll(0) is not None:
             pass
+        if fresh:
+            pub.close()
         return elapsed / steps * 1e6
 
     # The byte path races the baseline, interleaved; the object path (5x slower, and hundreds of
@@ -86,7 +91,7 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int) -> No
         blocks = 100 * 700 // 16
     med = {k: statistics.median(v) for k, v in times.items()}
     where = ("a subscriber in this process over loopback" if subscriber else "no subscriber") + (
-        f", replay buffer of {buffer_steps:,} batches")
+        f", replay buffer of {buffer_steps:,} batches") + (", a fresh publisher per run" if fresh else "")
     print(f"schedule_step, serving workload, caching and events on ({blocks:,} blocks stored a step), {where}")
     for name, us in med.items():
         extra = "" if name == "events dropped" else f"  {us / med['events dropped'] - 1:+.1%}"
@@ -156,9 +161,12 @@ def main() -> int:
                     "where each new payload reuses the memory of one the buffer let go")
     ap.add_argument("--no-subscriber", action="store_true",
                     help="overhead without a subscriber (ZeroMQ then drops the frames at once)")
+    ap.add_argument("--fresh-publisher", action="store_true",
+                    help="a new publisher for every run (no subscriber), so no run inherits another's buffer")
     args = ap.parse_args()
     if args.only in (None, "overhead"):
-        overhead(args.rounds, args.steps, not args.no_subscriber, args.buffer_steps)
+        overhead(args.rounds, args.steps, not (args.no_subscriber or args.fresh_publisher), args.buffer_steps,
+                 args.fresh_publisher)
     if args.only in (None, "stream"):
         stream(args.events)
     return 0
