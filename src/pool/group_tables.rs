@@ -633,7 +633,7 @@ impl GroupTables {
         } else {
             num_tokens
         };
-        let hashes = table.hashes.as_slice();
+        let known_tokens = table.hashes.as_slice().len() * layout.hash_block_size();
         let mut boundaries = vec![replay_boundary(num_prompt_tokens)];
         if shared_prefix_boundary > 0 {
             boundaries.push(shared_prefix_boundary);
@@ -641,58 +641,22 @@ impl GroupTables {
         for (g, spec) in layout.specs().iter().enumerate() {
             let bs = spec.block_size;
             let num_cached = table.num_cached[g].unwrap_or(0);
-            let num_full = (cacheable.min(hashes.len() * layout.hash_block_size()) / bs)
-                .min(table.blocks[g].len());
-            if num_cached >= num_full {
-                Self::cache_partial_tail(
+            let num_full = (cacheable.min(known_tokens) / bs).min(table.blocks[g].len());
+            if num_cached < num_full {
+                Self::cache_group(
                     layout,
                     pool,
                     table,
                     g,
-                    cacheable,
-                    num_prompt_tokens,
+                    num_cached,
+                    num_full,
+                    &boundaries,
                     token_ids,
                     lora,
                     extras,
+                    priority,
                 )?;
-                continue;
             }
-            let mask = match spec.kind {
-                AttentionKind::SlidingWindow { .. } => reachable_block_mask(
-                    spec,
-                    num_cached,
-                    num_full,
-                    sbs,
-                    layout.retention_interval(),
-                    &boundaries,
-                ),
-                _ => None,
-            };
-            let extra_keys = extras
-                .filter(|_| pool.config().enable_events)
-                .and_then(|e| event_extra_keys(e, num_cached..num_full, bs));
-            let mut buf = Vec::new();
-            let view = hashes.every(layout.scale(g), &mut buf);
-            let call = CacheBlocks {
-                block_ids: &table.blocks[g],
-                block_hashes: view,
-                num_cached_blocks: num_cached,
-                num_full_blocks: num_full,
-                group: g as u32,
-                token_ids: if pool.config().enable_events {
-                    token_ids
-                } else {
-                    None
-                },
-                lora_id: lora.id,
-                lora_name: lora.name.as_deref(),
-                block_mask: mask.as_deref(),
-                priority,
-                extra_keys: extra_keys.as_deref(),
-                block_size: Some(bs as u32),
-            };
-            pool.cache_full_blocks(call)?;
-            table.num_cached[g] = Some(num_full);
             Self::cache_partial_tail(
                 layout,
                 pool,
@@ -705,6 +669,64 @@ impl GroupTables {
                 extras,
             )?;
         }
+        Ok(())
+    }
+
+    /// One group's blocks `num_cached..num_full` into the prefix cache (a sliding-window
+    /// group's only where a later hit can use them), at the group's block size.
+    #[allow(clippy::too_many_arguments)]
+    fn cache_group(
+        layout: &KvGroups,
+        pool: &mut BlockPool,
+        table: &mut Table,
+        g: usize,
+        num_cached: usize,
+        num_full: usize,
+        boundaries: &[usize],
+        token_ids: Option<&[i64]>,
+        lora: &LoraInfo,
+        extras: Option<&SequenceExtras>,
+        priority: Option<BlockPriority>,
+    ) -> PoolResult<()> {
+        let spec = &layout.specs()[g];
+        let (bs, sbs) = (spec.block_size, layout.scheduler_block_size());
+        let hashes = table.hashes.as_slice();
+        let mask = match spec.kind {
+            AttentionKind::SlidingWindow { .. } => reachable_block_mask(
+                spec,
+                num_cached,
+                num_full,
+                sbs,
+                layout.retention_interval(),
+                boundaries,
+            ),
+            _ => None,
+        };
+        let extra_keys = extras
+            .filter(|_| pool.config().enable_events)
+            .and_then(|e| event_extra_keys(e, num_cached..num_full, bs));
+        let mut buf = Vec::new();
+        let view = hashes.every(layout.scale(g), &mut buf);
+        let call = CacheBlocks {
+            block_ids: &table.blocks[g],
+            block_hashes: view,
+            num_cached_blocks: num_cached,
+            num_full_blocks: num_full,
+            group: g as u32,
+            token_ids: if pool.config().enable_events {
+                token_ids
+            } else {
+                None
+            },
+            lora_id: lora.id,
+            lora_name: lora.name.as_deref(),
+            block_mask: mask.as_deref(),
+            priority,
+            extra_keys: extra_keys.as_deref(),
+            block_size: Some(bs as u32),
+        };
+        pool.cache_full_blocks(call)?;
+        table.num_cached[g] = Some(num_full);
         Ok(())
     }
 

@@ -353,7 +353,14 @@ mod tests {
         // Larger blocks: the scheduler block size is their least common multiple.
         let mixed = vec![GroupSpec::full(32), GroupSpec::sliding_window(48, 96)];
         let layout = KvGroups::new(mixed.clone(), 16, None).unwrap();
-        assert_eq!((layout.scheduler_block_size(), layout.scale(0), layout.scale(1)), (96, 2, 3));
+        assert_eq!(
+            (
+                layout.scheduler_block_size(),
+                layout.scale(0),
+                layout.scale(1)
+            ),
+            (96, 2, 3)
+        );
         assert!(KvGroups::new(mixed, 16, Some(48)).is_err()); // not a multiple of 96
     }
 }
