@@ -737,7 +737,8 @@ impl BlockPool {
 
     /// Blocks holding a cached hash.
     pub fn num_cached_blocks(&self) -> usize {
-        self.map.len()
+        // A block with extra keys (`partial_keys.rs`) counts once.
+        self.map.len() - self.partial.num_extra_keys()
     }
 
     /// Blocks held by requests (the null block not counted).

@@ -57,7 +57,7 @@ impl BlockPool {
             }
         }
         let cached = self.slab.iter().filter(|m| m.is_cached()).count();
-        let extra: usize = self.partial.extra_slots.values().map(Vec::len).sum();
+        let extra = self.partial.num_extra_keys();
         if cached + extra != self.map.len() {
             problems.push(format!(
                 "prefix map: {} entries but {cached} cached blocks and {extra} extra keys",

@@ -36,6 +36,14 @@ impl PartialKeys {
         self.primary_tokens.is_empty() && self.extra_slots.is_empty()
     }
 
+    /// Extra keys held, over all blocks.
+    pub(super) fn num_extra_keys(&self) -> usize {
+        if self.extra_slots.is_empty() {
+            return 0;
+        }
+        self.extra_slots.values().map(Vec::len).sum()
+    }
+
     /// Forgets everything (the prefix cache was reset).
     pub(super) fn clear(&mut self) {
         self.primary_tokens.clear();
@@ -288,6 +296,7 @@ mod tests {
         pool.cache_partial_block(partial(id, 7, 8)).unwrap();
         assert_eq!(kinds(&mut pool), [("stored", 7)]);
         assert_eq!(pool.cached_block(hash(7), 0), Some(id));
+        assert_eq!(pool.num_cached_blocks(), 1); // one block, two keys
         pool.check_invariants().unwrap();
         // Evicted on reuse: both keys leave, the primary first.
         pool.free_blocks(&[id]).unwrap();
