@@ -59,12 +59,15 @@ __all__ = [
     "ProgressFn",
     "ReplayResult",
     "default_sweep",
+    "check_replay_args",
     "get_impl",
+    "hit_ratios",
     "load_pyplot",
     "plot_path_problem",
     "finish_plot",
     "prepare_hashes",
     "replay",
+    "replay_pool",
     "replay_result",
     "save_plot",
     "simulate",
@@ -249,6 +252,33 @@ def _token_hits(trace: Trace, hits: Sequence[int], block_tokens: int) -> int:
     return int(np.minimum(hit_tokens, np.asarray(trace.input_lengths, dtype=np.int64)).sum())
 
 
+def hit_ratios(trace: Trace, hits: Sequence[int], block_tokens: int) -> tuple[int, float, float]:
+    """``(hit_blocks, block_hit_ratio, token_hit_ratio)`` of a replay whose requests hit
+    ``hits`` blocks each (see the module docstring)."""
+    hit_blocks = int(sum(hits))
+    blocks, input_tokens = trace.num_blocks, sum(trace.input_lengths)
+    return (
+        hit_blocks,
+        hit_blocks / blocks if blocks else 0.0,
+        _token_hits(trace, hits, block_tokens) / input_tokens if input_tokens else 0.0,
+    )
+
+
+def check_replay_args(capacity: int | None, block_tokens: int) -> None:
+    """``ValueError`` for a capacity under one block or ``block_tokens`` under 1."""
+    if capacity is not None and capacity < 1:
+        raise ValueError(f"capacity must be >= 1 block, got {capacity}")
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+
+
+def replay_pool(impl: Impl, usable: int, block_tokens: int, policy: str) -> PoolLike:
+    """A fresh caching pool of ``usable`` blocks (and the null block) evicting by ``policy``."""
+    if policy == "lru":  # the call as it always was: builds without the eviction argument work too
+        return impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens)
+    return impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens, eviction=policy)
+
+
 def simulate_one(
     trace: Trace,
     capacity: int | None,
@@ -265,19 +295,13 @@ def simulate_one(
     ``impl``) can be passed to convert a trace once for several capacities. ``policy`` is the
     pool's eviction policy (``"lru"``, ``"priority"``, ``"adaptive"``).
     """
-    if capacity is not None and capacity < 1:
-        raise ValueError(f"capacity must be >= 1 block, got {capacity}")
-    if block_tokens < 1:
-        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    check_replay_args(capacity, block_tokens)
     impl = impl or get_impl("kvpool")
     # A capacity beyond what the trace can fill replays like the unbounded pool: clamped,
     # the counts are the same and the pool is no larger than the trace needs.
     usable = unbounded_capacity(trace) if capacity is None else min(capacity, unbounded_capacity(trace))
     requests = truncate(prepare_hashes(trace, impl) if hashes is None else hashes, usable)
-    if policy == "lru":  # the call as it always was: builds without the eviction argument work too
-        pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens)
-    else:
-        pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens, eviction=policy)
+    pool = replay_pool(impl, usable, block_tokens, policy)
     hits, seconds = _timed_replay(pool, requests, progress)
     newly_cached = sum(len(h) for h in requests) - sum(hits)
     return replay_result(trace, capacity, hits, block_tokens=block_tokens,
@@ -295,16 +319,15 @@ def replay_result(
     policy: str,
 ) -> ReplayResult:
     """The :class:`ReplayResult` of a replay of ``trace`` whose requests hit ``hits`` blocks each."""
-    hit_blocks = sum(hits)
-    blocks, input_tokens = trace.num_blocks, sum(trace.input_lengths)
+    hit_blocks, block_ratio, token_ratio = hit_ratios(trace, hits, block_tokens)
     return ReplayResult(
         trace=trace.name,
         capacity_blocks=capacity,
         requests=trace.num_requests,
-        blocks=blocks,
+        blocks=trace.num_blocks,
         hit_blocks=hit_blocks,
-        block_hit_ratio=hit_blocks / blocks if blocks else 0.0,
-        token_hit_ratio=_token_hits(trace, hits, block_tokens) / input_tokens if input_tokens else 0.0,
+        block_hit_ratio=block_ratio,
+        token_hit_ratio=token_ratio,
         evictions=evictions,
         seconds=seconds,
         policy=policy,

@@ -262,11 +262,6 @@ class _Bars:
             self._last.close()
 
 
-def _bars(args: argparse.Namespace, trace: Trace) -> _Bars:
-    """The progress bars of a run (none with ``--quiet`` or off a terminal)."""
-    return _Bars(args, trace)
-
-
 # --------------------------------------------------------------------------------------------
 # The modes.
 # --------------------------------------------------------------------------------------------
@@ -279,7 +274,7 @@ Part = tuple[list[Any], Callable[[], str]]
 def _run_sequential(args: argparse.Namespace, trace: Trace, capacities: list[int | None],
                     units: CapacityUnits) -> Part:
     """The sequential replay at each capacity."""
-    bars = _bars(args, trace)
+    bars = _Bars(args, trace)
     results: list[Any] = simulate(trace, capacities, block_tokens=args.block_tokens, impl=get_impl(args.impl),
                                   progress=bars)
     bars.close()
@@ -291,7 +286,7 @@ def _run_policies(args: argparse.Namespace, trace: Trace, capacities: list[int |
     """``--policy ...``: each policy and Belady's MIN at each capacity, sequentially."""
     policies = list(dict.fromkeys(args.policy))
     impl = get_impl(args.impl)
-    bars = _bars(args, trace)
+    bars = _Bars(args, trace)
     bounded = [c for c in capacities if c is not None]
     results: list[Any] = []
     for policy in policies:
@@ -309,7 +304,7 @@ def _run_timed(args: argparse.Namespace, trace: Trace, capacities: list[int | No
     """The timed replay: each policy at each capacity under the service model of the flags."""
     service = ServiceModel(args.prefill_tps, args.decode_tps, args.max_running)
     impl = get_impl(args.impl)
-    bars = _bars(args, trace)
+    bars = _Bars(args, trace)
     results: list[Any] = [
         simulate_timed(trace, c, block_tokens=args.block_tokens, service=service, policy=policy, impl=impl,
                        progress=bars(c, f"timed {policy} "))

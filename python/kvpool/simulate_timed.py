@@ -38,7 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from kvpool.simulate import Impl, get_impl, prepare_hashes, unbounded_capacity
+from kvpool.simulate import (
+    Impl,
+    check_replay_args,
+    get_impl,
+    hit_ratios,
+    prepare_hashes,
+    replay_pool,
+    unbounded_capacity,
+)
 from kvpool.traces import MOONCAKE_BLOCK_TOKENS, Trace
 
 __all__ = ["ServiceModel", "TimedResult", "simulate_timed"]
@@ -122,33 +130,27 @@ def simulate_timed(
 ) -> TimedResult:
     """Replay ``trace`` by arrival time in a pool of ``capacity`` usable blocks (``None``: room
     for everything) under ``service``; ``progress(n)`` is called as requests finish."""
-    if capacity is not None and capacity < 1:
-        raise ValueError(f"capacity must be >= 1 block, got {capacity}")
-    if block_tokens < 1:
-        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    check_replay_args(capacity, block_tokens)
     service = service or ServiceModel()
     impl = impl or get_impl("kvpool")
     n = trace.num_requests
     extra = [output_blocks(i, o, block_tokens) for i, o in zip(trace.input_lengths, trace.output_lengths)]
     bound = unbounded_capacity(trace) + sum(extra)
     usable = bound if capacity is None else min(capacity, bound)
-    kwargs: dict[str, Any] = {} if policy == "lru" else {"eviction": policy}
-    pool = impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens, **kwargs)
+    pool = replay_pool(impl, usable, block_tokens, policy)
     hashes = prepare_hashes(trace, impl)
     sim = _Simulation(trace, pool, hashes, extra, usable, block_tokens, service)
     sim.run(progress)
     waits = np.asarray([w for w in sim.wait if w is not None], dtype=np.float64)
-    hit_blocks = int(sum(sim.hits))
-    hit_tokens = sum(min(h * block_tokens, length) for h, length in zip(sim.hits, trace.input_lengths))
-    input_tokens = sum(trace.input_lengths)
+    hit_blocks, block_ratio, token_ratio = hit_ratios(trace, sim.hits, block_tokens)
     return TimedResult(
         trace=trace.name,
         capacity_blocks=capacity,
         requests=n,
         blocks=trace.num_blocks,
         hit_blocks=hit_blocks,
-        block_hit_ratio=hit_blocks / trace.num_blocks if trace.num_blocks else 0.0,
-        token_hit_ratio=hit_tokens / input_tokens if input_tokens else 0.0,
+        block_hit_ratio=block_ratio,
+        token_hit_ratio=token_ratio,
         rejected=sim.rejected,
         peak_blocks_in_use=sim.peak_in_use,
         peak_running=sim.peak_running,

@@ -160,20 +160,26 @@ pub fn find_longest_hit(
     let n = layout.len();
     let alignment = layout.scheduler_block_size();
     let spec_groups: &[SpecGroup] = layout.spec_groups();
-    // Each spec group reads the hashes at its own block size.
-    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); spec_groups.len()];
-    let views: Vec<HashSlice<'_>> = spec_groups
-        .iter()
-        .zip(bufs.iter_mut())
-        .map(|(g, buf)| hashes.every(g.spec.block_size / layout.hash_block_size(), buf))
+    // Each spec group reads the hashes at its own block size (copied only for groups of
+    // larger blocks: when every block is a hash block, the least common size is too).
+    let uniform = layout.scheduler_block_size() == layout.hash_block_size();
+    let mut bufs: Vec<Vec<u8>> = Vec::new();
+    if !uniform {
+        bufs.resize(spec_groups.len(), Vec::new());
+    }
+    let views: Vec<HashSlice<'_>> = bufs
+        .iter_mut()
+        .zip(spec_groups)
+        .map(|(buf, g)| hashes.every(g.spec.block_size / layout.hash_block_size(), buf))
         .collect();
+    let view = |i: usize| if uniform { hashes } else { views[i] };
     let mut blocks: Vec<Option<Vec<u32>>> = vec![None; n];
     let mut lengths = vec![0usize; n];
     if n == 1 {
         // vLLM's unitary coordinator: one search.
         let g = &spec_groups[0];
         let (mut tables, hit) =
-            find_spec_hit(pool, views[0], max_length, &g.spec, &g.group_ids, alignment);
+            find_spec_hit(pool, view(0), max_length, &g.spec, &g.group_ids, alignment);
         return GroupHit {
             blocks: vec![tables.swap_remove(0)],
             num_tokens: hit,
@@ -185,7 +191,7 @@ pub fn find_longest_hit(
     let mut longest = 0usize;
     loop {
         let mut current = hit_length;
-        for (g, &view) in spec_groups.iter().zip(&views) {
+        for (i, g) in spec_groups.iter().enumerate() {
             let first = g.group_ids[0] as usize;
             if g.spec.is_full() && blocks[first].is_some() {
                 // Downward-closed: found once, only cut afterwards.
@@ -193,7 +199,7 @@ pub fn find_longest_hit(
                 continue;
             }
             let (tables, found) =
-                find_spec_hit(pool, view, current, &g.spec, &g.group_ids, alignment);
+                find_spec_hit(pool, view(i), current, &g.spec, &g.group_ids, alignment);
             current = found;
             for (&gid, table) in g.group_ids.iter().zip(tables) {
                 blocks[gid as usize] = Some(table);

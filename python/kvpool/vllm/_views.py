@@ -284,19 +284,11 @@ class CachedBlocksView:
     def __bool__(self) -> bool:
         return self._pool.get_num_cached_blocks() > 0
 
-    def get_one_block(self, key: Any) -> BlockView | None:
-        """The first block cached under ``key``."""
-        block = self._pool.get_cached_block(get_block_hash(key), get_group_id(key))
-        return None if block is None else BlockView(self._pool, block)
-
     def contain(self, key: Any, block_id: int) -> bool:
-        """Whether ``block_id`` holds ``key``."""
+        """Whether ``block_id`` holds ``key`` (its primary key: extra keys of blocks larger
+        than the hash granularity are not shown)."""
         held = self._pool.block_hash(block_id)
         return held is not None and make_block_hash_with_group_id(held[0], held[1]) == key
-
-    def insert(self, key: Any, block: Any) -> None:
-        """Put ``block`` under ``key`` where it is, with no event (as vLLM's map does)."""
-        self._pool._set_block_hash(block.block_id, get_block_hash(key), get_group_id(key))
 
     def pop(self, key: Any, block_id: int) -> BlockView | None:
         """Take ``block_id`` out from under ``key``, with no event (as vLLM's map does):
