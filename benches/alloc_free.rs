@@ -3,6 +3,9 @@
 //! - `alloc_free/no_caching`: the serve-random workload's pool work: allocate the 44
 //!   blocks of a 700-token request (block size 16), free them tail first
 //!   (`free_blocks_reversed`); caching off.
+//! - `alloc_free/step_of_100`: a scheduler step's pool work in two calls: 100 requests
+//!   of 44 blocks allocated by `get_new_blocks_many`, freed by `free_blocks_many`
+//!   (each request tail first); caching off; per block.
 //! - `alloc_free/evicting`: the same on a pool whose every free block holds a cached
 //!   hash, so each allocated block is first evicted from the prefix cache, then
 //!   re-cached under a new hash and freed (to the tail), keeping the pool full of
@@ -31,6 +34,22 @@ fn no_caching(c: &mut Criterion) {
             pool.get_new_blocks(black_box(BLOCKS_PER_REQUEST), &mut ids)
                 .unwrap();
             pool.free_blocks_reversed(black_box(&ids)).unwrap();
+        })
+    });
+    let counts = vec![BLOCKS_PER_REQUEST; 100];
+    let mut offsets = Vec::with_capacity(101);
+    ids.reserve(counts.len() * BLOCKS_PER_REQUEST);
+    group.throughput(Throughput::Elements(
+        (counts.len() * BLOCKS_PER_REQUEST) as u64,
+    ));
+    group.bench_function("step_of_100", |b| {
+        b.iter(|| {
+            ids.clear();
+            offsets.clear();
+            pool.get_new_blocks_many(black_box(&counts), &mut ids, &mut offsets)
+                .unwrap();
+            pool.free_blocks_many(black_box(&ids), &offsets, true)
+                .unwrap();
         })
     });
     group.finish();

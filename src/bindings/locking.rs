@@ -21,18 +21,25 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use pyo3::prelude::*;
 
-/// Takes `mutex` under rule 3.
+/// Takes `mutex` under rule 3: the uncontended path, one `try_lock`, inline; the
+/// wait out of line.
+#[inline]
 fn lock<'a, T: Send>(py: Python<'_>, mutex: &'a Mutex<T>) -> MutexGuard<'a, T> {
     loop {
         match mutex.try_lock() {
             Ok(guard) => return guard,
             Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                // Wait for the holder with the GIL released, then try again with it.
-                py.detach(|| drop(mutex.lock()));
-            }
+            Err(TryLockError::WouldBlock) => wait_for(py, mutex),
         }
     }
+}
+
+/// Waits for the holder of `mutex` with the GIL released (the caller then tries
+/// again with it).
+#[cold]
+#[inline(never)]
+fn wait_for<T: Send>(py: Python<'_>, mutex: &Mutex<T>) {
+    py.detach(|| drop(mutex.lock()));
 }
 
 /// Runs `f` on the value behind `mutex`, the GIL held; `f` must not call into Python.

@@ -281,7 +281,7 @@ impl FreeQueue {
     }
 
     /// Opens room for up to `max` uncached blocks at the head, put there one by one
-    /// with [`put_front`](Self::put_front) (the first put becomes the head) and
+    /// through [`front_slots`](Self::front_slots) (the first put becomes the head) and
     /// committed by [`finish_front`](Self::finish_front) or dropped, with every batch
     /// since a mark, by [`rewind_front`](Self::rewind_front). This is how a free call queues its
     /// blocks in the same pass that drops their counts.
@@ -296,19 +296,22 @@ impl FreeQueue {
         }
     }
 
-    /// Puts block `id`, uncached and just released (whose metadata is `meta`), below
-    /// the ones already put in `batch`, leaving it free with count 0. At most the
-    /// batch's `max` blocks may be put.
-    #[inline(always)]
-    pub fn put_front(&mut self, batch: &mut FrontBatch, meta: &mut BlockMeta, id: u32) {
-        batch.next -= 1;
-        self.stack[batch.next] = id;
-        *meta = BlockMeta {
-            ref_cnt: 0,
-            prev: batch.next as u32,
-            next: STACKED,
-            key_slot: NIL,
-        };
+    /// The stack up to `batch`'s end, borrowed apart from the queue, and the batch's
+    /// cursor (an index into it): blocks are put from the cursor down, at most down
+    /// to the batch's start (the first put becomes the head), and
+    /// [`set_front_next`](Self::set_front_next) records where the cursor ended.
+    #[inline]
+    pub fn front_slots(&mut self, batch: &FrontBatch) -> (&mut [u32], usize) {
+        (&mut self.stack[..batch.end], batch.next)
+    }
+
+    /// Records that `batch`'s blocks now start at `next` in its
+    /// [`front_slots`](Self::front_slots), each block put there with metadata
+    /// [`BlockMeta::stacked`] at its index.
+    #[inline]
+    pub fn set_front_next(&mut self, batch: &mut FrontBatch, next: usize) {
+        debug_assert!(batch.base <= next && next <= batch.next);
+        batch.next = next;
     }
 
     /// Commits `batch`: its blocks are now the head of the queue, the first put on top.
@@ -470,7 +473,11 @@ mod tests {
     fn push_front(q: &mut FreeQueue, slab: &mut Slab, ids: &[u32]) {
         let mut batch = q.reserve_front(ids.len());
         for &id in ids {
-            q.put_front(&mut batch, slab.get_mut(id), id);
+            let (slots, mut next) = q.front_slots(&batch);
+            next -= 1;
+            slots[next] = id;
+            *slab.get_mut(id) = BlockMeta::stacked(next as u32);
+            q.set_front_next(&mut batch, next);
         }
         q.finish_front(slab, batch);
     }

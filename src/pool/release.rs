@@ -12,7 +12,7 @@
 use super::block_pool::{check_offsets, BlockPool};
 use super::error::{PoolError, PoolResult};
 use super::free_queue::FrontBatch;
-use super::slab::NIL;
+use super::slab::{BlockMeta, NIL};
 
 impl BlockPool {
     /// Drops one reference to each block, in the order given (callers pass a
@@ -20,14 +20,12 @@ impl BlockPool {
     /// uncached ones to the head (reused first), cached ones to the tail (evicted
     /// last), each group in the order given. The null block is skipped.
     pub fn free_blocks(&mut self, ids: &[u32]) -> PoolResult<()> {
-        self.check_ids(ids)?;
         self.release(&[ids], false)
     }
 
     /// [`free_blocks`](Self::free_blocks) of `ids` taken from the last to the first:
     /// a request's blocks in table order, freed tail first as vLLM does.
     pub fn free_blocks_reversed(&mut self, ids: &[u32]) -> PoolResult<()> {
-        self.check_ids(ids)?;
         self.release(&[ids], true)
     }
 
@@ -41,12 +39,13 @@ impl BlockPool {
         reverse: bool,
     ) -> PoolResult<()> {
         check_offsets(offsets, flat.len())?;
-        self.check_ids(flat)?;
         let segments: Vec<&[u32]> = offsets.windows(2).map(|w| &flat[w[0]..w[1]]).collect();
         self.release(&segments, reverse)
     }
 
-    /// Frees `segments` in turn (each reversed when `reverse`); ids are in range.
+    /// Frees `segments` in turn (each reversed when `reverse`). The pass checks each
+    /// id's range as it reaches it; on any failure it undoes what it did and reports
+    /// the first id out of range, if any, else the first double free.
     fn release(&mut self, segments: &[&[u32]], reverse: bool) -> PoolResult<()> {
         self.to_tail.clear();
         let mark = self.queue.front_mark();
@@ -69,6 +68,9 @@ impl BlockPool {
                     self.restore(earlier);
                 }
                 self.to_tail.clear();
+                for segment in segments {
+                    self.check_ids(segment)?;
+                }
                 return Err(PoolError::DoubleFree { block_id });
             }
             self.queue.finish_front(&mut self.slab, batch);
@@ -77,8 +79,8 @@ impl BlockPool {
         Ok(())
     }
 
-    /// One segment's pass over ids in range. On a double free returns how many ids
-    /// it had processed and the offending block, having changed nothing it has not
+    /// One segment's pass. On an id out of range or a double free returns how many
+    /// ids it had processed and the offending one, having changed nothing it has not
     /// reported.
     #[inline(always)]
     fn release_segment(
@@ -88,27 +90,32 @@ impl BlockPool {
     ) -> Result<(), (usize, u32)> {
         let caching = self.config.enable_caching;
         let skip_null = self.config.null_block;
-        let has_pins = !self.pins.is_empty();
-        for (processed, id) in ids.enumerate() {
-            if skip_null && id == 0 {
-                continue;
-            }
-            let meta = self.slab.get_mut(id);
-            match meta.ref_cnt {
-                0 => return Err((processed, id)),
-                // The last reference of a pinned block is the pin's: only unpinning frees it.
-                1 if has_pins && self.pins.contains(&id) => return Err((processed, id)),
-                1 if caching && meta.is_cached() => {
-                    meta.ref_cnt = 0;
-                    self.to_tail.push(id);
-                }
-                // Uncached: straight onto the free queue's stack, below the blocks
-                // this call put there before.
-                1 => self.queue.put_front(batch, meta, id),
-                _ => meta.ref_cnt -= 1,
-            }
-        }
-        Ok(())
+        let pins = (!self.pins.is_empty()).then_some(&self.pins);
+        // Borrowed apart, with the stack cursor a local: the loop keeps every address
+        // and the cursor in registers instead of reloading them after each write.
+        let (slots, mut next) = self.queue.front_slots(batch);
+        let metas = self.slab.metas_mut();
+        let to_tail = &mut self.to_tail;
+        let mut run = ReleaseRun {
+            metas,
+            slots,
+            next: &mut next,
+            to_tail,
+            pins,
+        };
+        // One loop per setting, so that the loop itself tests no setting.
+        let outcome = match (caching, skip_null, pins.is_some()) {
+            (false, false, false) => run.run::<false, false, false>(ids),
+            (false, true, false) => run.run::<false, true, false>(ids),
+            (true, false, false) => run.run::<true, false, false>(ids),
+            (true, true, false) => run.run::<true, true, false>(ids),
+            (false, false, true) => run.run::<false, false, true>(ids),
+            (false, true, true) => run.run::<false, true, true>(ids),
+            (true, false, true) => run.run::<true, false, true>(ids),
+            (true, true, true) => run.run::<true, true, true>(ids),
+        };
+        self.queue.set_front_next(batch, next);
+        outcome
     }
 
     /// Gives back the reference `release_segment` took from each of `ids`: they were
@@ -123,5 +130,135 @@ impl BlockPool {
             meta.prev = NIL;
             meta.next = NIL;
         }
+    }
+}
+
+/// One free pass's state, borrowed apart from the pool.
+struct ReleaseRun<'a, 'b> {
+    metas: &'a mut [BlockMeta],
+    /// The free queue's stack up to the open batch's end; `*next` is its cursor.
+    slots: &'a mut [u32],
+    next: &'b mut usize,
+    to_tail: &'a mut Vec<u32>,
+    pins: Option<&'a hashbrown::HashSet<u32>>,
+}
+
+impl ReleaseRun<'_, '_> {
+    /// Drops a reference to each of `ids`: uncached blocks reaching 0 go into
+    /// `slots` below the cursor (the first one freed highest), cached ones to
+    /// `to_tail`. Stops at the first id out of range or freed once too often.
+    /// `CACHING`, `SKIP_NULL` and `PINS` are the pool's settings.
+    #[inline(always)]
+    fn run<const CACHING: bool, const SKIP_NULL: bool, const PINS: bool>(
+        &mut self,
+        ids: impl Iterator<Item = u32>,
+    ) -> Result<(), (usize, u32)> {
+        let mut cursor = *self.next;
+        let mut outcome = Ok(());
+        for (processed, id) in ids.enumerate() {
+            if SKIP_NULL && id == 0 {
+                continue;
+            }
+            let Some(meta) = self.metas.get_mut(id as usize) else {
+                outcome = Err((processed, id));
+                break;
+            };
+            match meta.ref_cnt {
+                0 => {
+                    outcome = Err((processed, id));
+                    break;
+                }
+                // The last reference of a pinned block is the pin's: only unpinning frees it.
+                1 if PINS && self.pins.is_some_and(|pins| pins.contains(&id)) => {
+                    outcome = Err((processed, id));
+                    break;
+                }
+                1 if CACHING && meta.is_cached() => {
+                    meta.ref_cnt = 0;
+                    self.to_tail.push(id);
+                }
+                // Uncached: straight onto the free queue's stack, below the blocks
+                // this call put there before.
+                1 => {
+                    cursor -= 1;
+                    self.slots[cursor] = id;
+                    *meta = BlockMeta::stacked(cursor as u32);
+                }
+                _ => meta.ref_cnt -= 1,
+            }
+        }
+        *self.next = cursor;
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{CacheBlocks, HashSlice, PoolConfig};
+
+    /// The pool's observable state: the free queue in order and every count.
+    fn snapshot(pool: &BlockPool) -> (Vec<u32>, Vec<u32>) {
+        (pool.free_block_ids().collect(), pool.ref_counts().collect())
+    }
+
+    /// A pool of 16 blocks holding `1..=6` (count 1; 1 and 2 cached) and 7 twice.
+    fn busy_pool() -> (BlockPool, Vec<u32>) {
+        let mut pool = BlockPool::new(PoolConfig::new(16)).unwrap();
+        let mut ids = Vec::new();
+        pool.get_new_blocks(7, &mut ids).unwrap();
+        pool.touch(&ids[6..]).unwrap();
+        let hashes = [[1u8; 32], [2u8; 32]].concat();
+        pool.cache_full_blocks(CacheBlocks::new(
+            &ids,
+            HashSlice::new(&hashes, 32).unwrap(),
+            0,
+            2,
+        ))
+        .unwrap();
+        (pool, ids)
+    }
+
+    #[test]
+    fn an_id_out_of_range_wins_over_an_earlier_double_free_and_changes_nothing() {
+        let (mut pool, ids) = busy_pool();
+        let before = snapshot(&pool);
+        // 3 and 2 are freed, 7 loses one of its two references, 3 again is a double
+        // free, 99 is out of range: the range error is the one reported.
+        let call = [ids[2], ids[1], ids[6], ids[2], 99];
+        assert_eq!(
+            pool.free_blocks(&call),
+            Err(PoolError::InvalidBlockId {
+                block_id: 99,
+                num_blocks: 16
+            })
+        );
+        assert_eq!(snapshot(&pool), before);
+        assert_eq!(
+            pool.free_blocks_reversed(&[99, ids[0]]),
+            Err(PoolError::InvalidBlockId {
+                block_id: 99,
+                num_blocks: 16
+            })
+        );
+        assert_eq!(snapshot(&pool), before);
+        pool.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_double_free_in_a_later_segment_undoes_the_earlier_ones() {
+        let (mut pool, ids) = busy_pool();
+        let before = snapshot(&pool);
+        let flat = [ids[0], ids[1], ids[2], ids[6], ids[6], ids[6]];
+        assert_eq!(
+            pool.free_blocks_many(&flat, &[0, 3, 6], true),
+            Err(PoolError::DoubleFree { block_id: ids[6] })
+        );
+        assert_eq!(snapshot(&pool), before);
+        pool.check_invariants().unwrap();
+        // The same call without the third free of 7 applies.
+        pool.free_blocks_many(&flat[..5], &[0, 3, 5], true).unwrap();
+        assert_eq!(pool.ref_count(ids[6]), Ok(0));
+        pool.check_invariants().unwrap();
     }
 }

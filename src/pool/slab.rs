@@ -51,6 +51,17 @@ impl BlockMeta {
         }
     }
 
+    /// A free uncached block at `index` on the free queue's stack, count 0.
+    #[inline]
+    pub const fn stacked(index: u32) -> Self {
+        Self {
+            ref_cnt: 0,
+            prev: index,
+            next: super::free_queue::STACKED,
+            key_slot: NIL,
+        }
+    }
+
     /// True while the block is in the prefix cache.
     #[inline]
     pub fn is_cached(&self) -> bool {
@@ -102,6 +113,13 @@ impl Slab {
     #[inline]
     pub fn get_mut(&mut self, id: u32) -> &mut BlockMeta {
         &mut self.metas[id as usize]
+    }
+
+    /// All metadata, mutably, indexed by block id: for loops that keep the slab's
+    /// address in a register across their writes.
+    #[inline]
+    pub fn metas_mut(&mut self) -> &mut [BlockMeta] {
+        &mut self.metas
     }
 
     /// All metadata in block-id order.
