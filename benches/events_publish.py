@@ -10,7 +10,10 @@ arrives whole.
    (``take_events``, converted and encoded in Python); each run waits until its events are
    sent. Medians of ``--rounds``; the ratio is what publishing adds. The
    subscriber is in the same process (on a 2-core machine its ZeroMQ I/O thread competes with
-   the step for the cores); ``--no-subscriber`` leaves it out.
+   the step for the cores); ``--no-subscriber`` leaves it out. The runs share one publisher
+   whose replay buffer is filled first (the steady state of an engine that has run a while:
+   each batch published lets an old one go); ``--fresh-publisher`` gives each run a publisher
+   of its own, so it times the buffer filling, where every payload is fresh memory.
 2. ``stream``: ``--events`` events (``BlockStored`` of one block each, 10 per batch) published
    to an ``EventListener`` that reads only every 20,000 batches, with small queues (PUB high
    water mark 1,000, the listener's 64) so that ZeroMQ drops what it cannot deliver; the
@@ -19,7 +22,8 @@ arrives whole.
    stream; those are counted as batches, not events). Prints
    how many batches and events arrived, in order, how many gaps replay filled, and the time.
 
-``python benches/events_publish.py [--rounds 7] [--events 1000000] [--no-subscriber] [--fresh-publisher]``
+``python benches/events_publish.py [--rounds 7] [--steps 50] [--events 1000000] [--no-subscriber]
+[--fresh-publisher] [--buffer-steps 10000] [--buffer-bytes 268435456]``
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import time
 import numpy as np
 
 import kvpool
-from kvpool.publisher import EventListener, ZmqPublisher
+from kvpool.publisher import DEFAULT_BUFFER_BYTES, EventListener, ZmqPublisher
 
 
 def serving_step(manager: kvpool.KVCacheManager, prompts: list[np.ndarray], step: int) -> None:
@@ -45,12 +49,35 @@ def serving_step(manager: kvpool.KVCacheManager, prompts: list[np.ndarray], step
     manager.free_many(rids)
 
 
-def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh: bool = False) -> None:
+def fill_replay_buffer(publisher: ZmqPublisher, payload: bytes, buffer_steps: int, buffer_bytes: int) -> int:
+    """Publishes copies of ``payload`` (each its own allocation) until the replay buffer is full,
+    as it is in an engine that has run for a while: from then on each batch published lets an
+    old one go, whose memory the next payload reuses. Returns how many were published."""
+    n = 0
+    while True:
+        stats = publisher.stats()
+        if stats.buffered >= buffer_steps or stats.buffered_bytes + len(payload) > buffer_bytes:
+            return n
+        publisher.publish(bytes(bytearray(payload)))
+        n += 1
+
+
+def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh: bool = False,
+             buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
     rng = np.random.default_rng(0)
     publisher = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps,
-                             group_specs={0: ("full_attention", None)})
+                             buffer_bytes=buffer_bytes, group_specs={0: ("full_attention", None)})
     listener = EventListener(publisher.endpoint, publisher.replay_endpoint) if subscriber else None
     time.sleep(0.2)
+    filled = 0
+    if not fresh:
+        # The steady state: a full replay buffer, filled with copies of one step's payload.
+        manager = kvpool.KVCacheManager(30_000, 16, enable_events=True)
+        serving_step(manager, [rng.integers(1, 50_000, 700) for _ in range(100)], 0)
+        filled = fill_replay_buffer(publisher, manager.take_events_msgpack(group_specs={0: ("full_attention", None)}),
+                                    buffer_steps, buffer_bytes)
+        while listener is not None and listener.poll(100) is not None:
+            pass
     names = ("events dropped", "published as bytes", "published as objects")
     times: dict[str, list[float]] = {n: [] for n in names}
     blocks = 0
@@ -59,7 +86,8 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
         manager = kvpool.KVCacheManager(30_000, 16, enable_events=True)
         # ``fresh``: a publisher of its own per run, so that no run inherits the buffer's
         # payloads (and their memory) from the runs before it.
-        pub = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps) if fresh else publisher
+        pub = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps,
+                           buffer_bytes=buffer_bytes) if fresh else publisher
         t0 = time.perf_counter()
         for s, prompts in enumerate(workload):
             serving_step(manager, prompts, s)
@@ -91,7 +119,9 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
         blocks = 100 * 700 // 16
     med = {k: statistics.median(v) for k, v in times.items()}
     where = ("a subscriber in this process over loopback" if subscriber else "no subscriber") + (
-        f", replay buffer of {buffer_steps:,} batches") + (", a fresh publisher per run" if fresh else "")
+        f", replay buffer of {buffer_steps:,} batches / {buffer_bytes / 2**20:,.0f} MiB") + (
+        ", a fresh publisher per run (the buffer filling)" if fresh
+        else f", the buffer full ({filled:,} batches published before the runs)")
     print(f"schedule_step, serving workload, caching and events on ({blocks:,} blocks stored a step), {where}")
     for name, us in med.items():
         extra = "" if name == "events dropped" else f"  {us / med['events dropped'] - 1:+.1%}"
@@ -153,20 +183,22 @@ def stream(num_events: int, per_batch: int = 10) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--only", choices=("overhead", "stream"))
     ap.add_argument("--buffer-steps", type=int, default=10_000,
-                    help="the publisher's replay buffer; one smaller than the run shows the steady state, "
-                    "where each new payload reuses the memory of one the buffer let go")
+                    help="the publisher's replay buffer, in batches (vLLM's default)")
+    ap.add_argument("--buffer-bytes", type=int, default=DEFAULT_BUFFER_BYTES,
+                    help="the publisher's replay buffer, in payload bytes")
     ap.add_argument("--no-subscriber", action="store_true",
                     help="overhead without a subscriber (ZeroMQ then drops the frames at once)")
     ap.add_argument("--fresh-publisher", action="store_true",
-                    help="a new publisher for every run (no subscriber), so no run inherits another's buffer")
+                    help="a new publisher for every run (no subscriber): the buffer filling, where every "
+                    "payload is fresh memory; by default the runs share one publisher whose buffer is full")
     args = ap.parse_args()
     if args.only in (None, "overhead"):
         overhead(args.rounds, args.steps, not (args.no_subscriber or args.fresh_publisher), args.buffer_steps,
-                 args.fresh_publisher)
+                 args.fresh_publisher, args.buffer_bytes)
     if args.only in (None, "stream"):
         stream(args.events)
     return 0

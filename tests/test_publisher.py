@@ -84,6 +84,49 @@ def test_a_late_joiner_and_gaps_are_filled_by_replay() -> None:
         listener.close()
 
 
+def test_the_replay_buffer_is_bounded_by_bytes_as_well_as_batches() -> None:
+    pool = kvpool.BlockPool(64, block_size=2, enable_events=True)
+    payloads = []
+    for i in range(10):
+        ids = pool.get_new_blocks(1)
+        pool.cache_full_blocks(ids, [(1000 + i).to_bytes(32, "big")], 0, 1, token_ids=[i, i])
+        payloads.append(pool.take_events_msgpack(float(i)))
+        pool.free_blocks(ids)
+    size = len(payloads[0])
+    assert all(len(p) == size for p in payloads)
+    with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=8,
+                      buffer_bytes=3 * size + 1) as pub:
+        for p in payloads:
+            pub.publish(p)
+        stats = pub.stats()
+        assert (stats.sent, stats.buffered, stats.buffered_bytes) == (10, 3, 3 * size)
+        # A request from before the oldest batch held gets what is left, from the oldest.
+        req = zmq.Context.instance().socket(zmq.DEALER)
+        req.connect(pub.replay_endpoint)
+        req.send_multipart((b"", (2).to_bytes(8, "big")))
+        got = []
+        while True:
+            assert req.poll(5000)
+            _, topic, seq, payload = req.recv_multipart()
+            if seq == END_SEQ:
+                break
+            got.append((int.from_bytes(seq, "big"), payload))
+        assert got == [(7, payloads[7]), (8, payloads[8]), (9, payloads[9])]
+        req.close(linger=0)
+    # A batch larger than the whole bound is still kept: the newest batch always is.
+    with ZmqPublisher("tcp://127.0.0.1:*", buffer_steps=8, buffer_bytes=0) as pub:
+        pub.publish(payloads[0])
+        pub.publish(payloads[1])
+        assert (pub.stats().buffered, pub.stats().buffered_bytes) == (1, size)
+    # The batch bound drops the oldest too, and the byte count follows.
+    with ZmqPublisher("tcp://127.0.0.1:*", buffer_steps=2) as pub:
+        for p in payloads:
+            pub.publish(p)
+        assert (pub.stats().buffered, pub.stats().buffered_bytes) == (2, 2 * size)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        ZmqPublisher("tcp://127.0.0.1:*", buffer_bytes=-1)
+
+
 def test_publish_takes_payloads_and_refuses_after_close() -> None:
     pool = kvpool.BlockPool(8, block_size=2, enable_events=True)
     pub = ZmqPublisher("tcp://127.0.0.1:*")
