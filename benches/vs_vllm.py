@@ -27,10 +27,11 @@ Workloads (``--only`` takes their names):
 * ``hash``: 32 prompts of 1,200 tokens (75 blocks) from lists, every hash algorithm.
 
 The short workloads (alloc, manager, hash) time 10 passes back to back per run, each on fresh
-state, so that they measure steady state rather than cold caches (see ``Race.run``); churn
-and replay are long enough alone.
+state, after one untimed pass, so that they measure steady state rather than the caches
+``gc.collect()`` left cold (see ``Race.run``; ``--cold`` drops the untimed pass); churn and
+replay are long enough alone.
 
-Usage: ``python benches/vs_vllm.py [--rounds 7] [--only alloc,churn] [--json]``; the wheel is
+Usage: ``python benches/vs_vllm.py [--rounds 7] [--only alloc,churn] [--cold] [--json]``; the wheel is
 ``--wheel``, else ``$VLLM_WHEEL``, else downloaded by the peer into its cache.
 """
 
@@ -80,8 +81,9 @@ def load_peer(path: Path) -> Any:
 class Race:
     """Interleaved timing: each round runs every contestant once, the order alternating."""
 
-    def __init__(self, rounds: int) -> None:
+    def __init__(self, rounds: int, warm: bool = True) -> None:
         self.rounds = rounds
+        self.warm = warm
         self.rows: list[dict[str, Any]] = []
 
     def run(self, workload: str, variant: str, unit: str, per: float,
@@ -92,7 +94,11 @@ class Race:
 
         ``repeat`` > 1 measures a short workload in steady state: one pass alone would mostly
         time cold caches, and unevenly, since vLLM's passes evict kvpool's data (thousands of
-        Python objects) while kvpool's leave vLLM's in place.
+        Python objects) while kvpool's leave vLLM's in place. For the same reason such a run
+        starts with one untimed pass on a state of its own, unless the race is not ``warm``:
+        ``gc.collect()`` walks every Python object and leaves a kvpool step's few hundred kB
+        of pool state out of cache (a 12 µs step then times 15-20 µs), which vLLM's 900 µs
+        step hardly notices.
         """
         names = list(contestants)
         times: dict[str, list[float]] = {n: [] for n in names}
@@ -102,6 +108,8 @@ class Race:
                 run, setup = contestants[name]
                 states = [setup() for _ in range(repeat)]
                 gc.collect()
+                if repeat > 1 and self.warm:
+                    run(setup())
                 t0 = time.perf_counter_ns()
                 for state in states:
                     run(state)
@@ -381,6 +389,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(KEY_SHAPES), help="key shapes for churn")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Mooncake trace for replay")
     ap.add_argument("--json", action="store_true", help="one JSON object per row")
+    ap.add_argument("--cold", action="store_true",
+                    help="no untimed pass before the short workloads' runs (see Race.run)")
     ap.add_argument("--no-download", action="store_true",
                     help="fail instead of downloading the vLLM wheel when none is given or cached")
     args = ap.parse_args()
@@ -388,7 +398,7 @@ def main() -> None:
     peer = load_peer(args.peer)
     v, _digests = peer.load_vllm(peer.find_wheel(args.wheel))
     v.peer = peer
-    race = Race(args.rounds)
+    race = Race(args.rounds, warm=not args.cold)
     chosen = [w.strip() for w in args.only.split(",") if w.strip()]
     for name in chosen:
         if name not in WORKLOADS:
