@@ -232,6 +232,12 @@ impl BlockPool {
                     eviction.ghosts().capacity()
                 ));
             }
+            let mismatches = eviction.ghosts().directory_mismatches();
+            if mismatches > 0 {
+                problems.push(format!(
+                    "adaptive policy: {mismatches} ghost directory bytes disagree with their ways"
+                ));
+            }
         }
         if self.pins.len() > self.config.max_pinned_blocks as usize {
             problems.push(format!(
