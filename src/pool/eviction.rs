@@ -355,26 +355,30 @@ impl Ghosts {
     /// safe stand-in for a prefetch).
     #[inline]
     fn warm(&self, fingerprints: impl Iterator<Item = u64>) {
-        if self.ways.is_empty() {
-            return;
-        }
-        let mut acc = 0u64;
-        for fingerprint in fingerprints {
-            acc ^= self.ways[self.base + self.set_start(fingerprint)];
-        }
-        std::hint::black_box(acc);
+        self.touch_sets(&self.ways, self.base, fingerprints);
     }
 
     /// [`warm`](Self::warm) for [`take`](Self::take): the directory's bytes of each
     /// fingerprint's set.
     #[inline]
     fn warm_directory(&self, fingerprints: impl Iterator<Item = u64>) {
-        if self.ways.is_empty() {
+        self.touch_sets(&self.directory, 0, fingerprints);
+    }
+
+    /// Reads `table[offset + set start]` for each fingerprint.
+    #[inline]
+    fn touch_sets<T: Copy + Into<u64>>(
+        &self,
+        table: &[T],
+        offset: usize,
+        fingerprints: impl Iterator<Item = u64>,
+    ) {
+        if table.is_empty() {
             return;
         }
-        let mut acc = 0u8;
+        let mut acc = 0u64;
         for fingerprint in fingerprints {
-            acc ^= self.directory[self.set_start(fingerprint)];
+            acc ^= table[offset + self.set_start(fingerprint)].into();
         }
         std::hint::black_box(acc);
     }
@@ -780,15 +784,18 @@ mod tests {
         old.record(fp(0, 4), 5);
         old.record(fp(0, 5), 5);
         assert_eq!(old.take(fp(0, 1)), 0, "four evictions ago: forgotten");
-        assert_eq!((g.directory_mismatches(), old.directory_mismatches()), (0, 0));
+        assert_eq!(
+            (g.directory_mismatches(), old.directory_mismatches()),
+            (0, 0)
+        );
     }
 
     #[test]
     fn the_directory_only_skips_keys_without_a_record() {
         let fp = |set: u64, tag: u64| (tag << 40) | set;
         let mut g = Ghosts::new(64, 1_000).unwrap(); // eight sets
-        // Tags 0x101 and 0x201 share their directory byte: the second is no record,
-        // which the table, not the directory, decides.
+                                                     // Tags 0x101 and 0x201 share their directory byte: the second is no record,
+                                                     // which the table, not the directory, decides.
         g.record(fp(3, 0x101), 4);
         assert_eq!(g.take(fp(3, 0x201)), 0);
         assert_eq!(g.take(fp(4, 0x101)), 0, "another set");
