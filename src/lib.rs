@@ -28,6 +28,8 @@ mod _core {
     #[pymodule_export]
     use crate::bindings::manager::PyKVCacheManager;
     #[pymodule_export]
+    use crate::bindings::replay_ring::PyReplayRing;
+    #[pymodule_export]
     use crate::bindings::step::PyStepResult;
     #[pymodule_export]
     use crate::bindings::tracker::PyComputedBlocksTracker;

@@ -84,6 +84,22 @@ def test_a_late_joiner_and_gaps_are_filled_by_replay() -> None:
         listener.close()
 
 
+def replay(pub: ZmqPublisher, first: int) -> list[tuple[int, bytes]]:
+    """What ``pub``'s replay socket answers a request from ``first``."""
+    req = zmq.Context.instance().socket(zmq.DEALER)
+    req.connect(pub.replay_endpoint)
+    req.send_multipart((b"", first.to_bytes(8, "big")))
+    got = []
+    while True:
+        assert req.poll(5000)
+        _, _, seq, payload = req.recv_multipart()
+        if seq == END_SEQ:
+            break
+        got.append((int.from_bytes(seq, "big"), payload))
+    req.close(linger=0)
+    return got
+
+
 def test_the_replay_buffer_is_bounded_by_bytes_as_well_as_batches() -> None:
     pool = kvpool.BlockPool(64, block_size=2, enable_events=True)
     payloads = []
@@ -101,18 +117,7 @@ def test_the_replay_buffer_is_bounded_by_bytes_as_well_as_batches() -> None:
         stats = pub.stats()
         assert (stats.sent, stats.buffered, stats.buffered_bytes) == (10, 3, 3 * size)
         # A request from before the oldest batch held gets what is left, from the oldest.
-        req = zmq.Context.instance().socket(zmq.DEALER)
-        req.connect(pub.replay_endpoint)
-        req.send_multipart((b"", (2).to_bytes(8, "big")))
-        got = []
-        while True:
-            assert req.poll(5000)
-            _, topic, seq, payload = req.recv_multipart()
-            if seq == END_SEQ:
-                break
-            got.append((int.from_bytes(seq, "big"), payload))
-        assert got == [(7, payloads[7]), (8, payloads[8]), (9, payloads[9])]
-        req.close(linger=0)
+        assert replay(pub, 2) == [(7, payloads[7]), (8, payloads[8]), (9, payloads[9])]
     # A batch larger than the whole bound is still kept: the newest batch always is.
     with ZmqPublisher("tcp://127.0.0.1:*", buffer_steps=8, buffer_bytes=0) as pub:
         pub.publish(payloads[0])
@@ -125,6 +130,21 @@ def test_the_replay_buffer_is_bounded_by_bytes_as_well_as_batches() -> None:
         assert (pub.stats().buffered, pub.stats().buffered_bytes) == (2, 2 * size)
     with pytest.raises(kvpool.InvalidArgumentError):
         ZmqPublisher("tcp://127.0.0.1:*", buffer_bytes=-1)
+
+
+def test_large_payloads_are_replayed_from_the_ring() -> None:
+    import numpy as np
+
+    # 70 kB payloads go through the replay ring's copier thread; replay serves them whole
+    # and in order (once the copier has caught up, exactly the last ten that fit).
+    payloads = [np.random.default_rng(i).integers(0, 256, 70_000, dtype=np.uint8).tobytes()
+                for i in range(30)]
+    with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_bytes=10 * 70_000) as pub:
+        for p in payloads:
+            pub.publish(p)
+        assert pub.flush()
+        assert replay(pub, 0) == [(i, payloads[i]) for i in range(20, 30)]
+        assert (pub.stats().buffered, pub.stats().buffered_bytes) == (10, 10 * 70_000)
 
 
 def test_publish_takes_payloads_and_refuses_after_close() -> None:

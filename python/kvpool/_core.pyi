@@ -454,6 +454,26 @@ class ComputedBlocksTracker:
     def __contains__(self, seq_id: object, /) -> bool: ...
 
 @final
+class ReplayRing:
+    def __new__(cls, max_batches: int, max_bytes: int) -> ReplayRing: ...
+    def append(self, seq: int, payload: bytes) -> None:
+        """Holds ``payload`` (``bytes``) as batch ``seq``; numbers must increase from call
+        to call. Raises ``RuntimeError`` once closed.
+        """
+    def batches_from(self, first: int) -> list[tuple[int, bytes]]:
+        """The held batches numbered ``first`` or later, oldest first, as ``(seq, bytes)``."""
+    def __len__(self) -> int: ...
+    @property
+    def num_bytes(self) -> int:
+        """Payload bytes held, those waiting for the copier included."""
+    def drain(self, timeout: float) -> bool:
+        """Waits (the GIL released) until the copier has copied every queued batch; False
+        on timeout.
+        """
+    def close(self) -> None:
+        """Stops the copier once it has copied what is queued; later appends raise."""
+
+@final
 class StepResult:
     """What ``schedule_step`` did, per request in the order given.
 

@@ -65,7 +65,9 @@ class ZmqPublisher:
 
     ``publish`` never waits on the network: a PUB socket hands the frames to ZeroMQ's own I/O
     thread and drops them for a subscriber ``hwm`` messages behind, which then asks the replay
-    socket for them. A background thread serves replay requests only.
+    socket for them. A background thread serves replay requests; the replay buffer
+    (:class:`kvpool.ReplayRing`) copies each batch into its ring on a thread of its own,
+    so that keeping it costs ``publish`` one copy into a buffer still in cache.
 
     Replay serves the last ``buffer_steps`` batches that fit in ``buffer_bytes`` of payload
     (default 256 MiB; the newest batch is always kept); a request from an older sequence
@@ -91,12 +93,10 @@ class ZmqPublisher:
     ) -> None:
         if buffer_steps < 1 or buffer_bytes < 0 or hwm < 0:
             raise kvpool.InvalidArgumentError("buffer_steps must be >= 1, buffer_bytes and hwm >= 0")
-        self._buffer_bytes = buffer_bytes
-        self._held_bytes = 0
         self._topic = topic.encode("utf-8")
         self._rank = data_parallel_rank
         self._group_specs = dict(group_specs or {})
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._buffer = kvpool.ReplayRing(buffer_steps, buffer_bytes)
         self._ctx = context or zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(hwm)
@@ -147,24 +147,21 @@ class ZmqPublisher:
             self._seq += 1
             if seq not in self.lose_on_the_wire:
                 self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-            if len(self._buffer) == self._buffer.maxlen:
-                self._held_bytes -= len(self._buffer[0][1])
-            self._buffer.append((seq, payload))
-            self._held_bytes += len(payload)
-            while self._held_bytes > self._buffer_bytes and len(self._buffer) > 1:
-                self._held_bytes -= len(self._buffer.popleft()[1])
+            self._buffer.append(seq, payload)
             self._sent += 1
         return True
 
     def stats(self) -> PublisherStats:
-        """Batches sent, batches and payload bytes held for replay, replays served."""
+        """Batches sent, batches and payload bytes held for replay (once the replay buffer's
+        copier has caught up), replays served."""
+        self._buffer.drain(5.0)
         with self._lock:
-            return PublisherStats(self._sent, len(self._buffer), self._replays, self._held_bytes)
+            return PublisherStats(self._sent, len(self._buffer), self._replays, self._buffer.num_bytes)
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Kept for callers of a queued publisher: every batch is handed to ZeroMQ when
-        ``publish`` returns, so there is nothing to wait for."""
-        return True
+        """Waits until the replay buffer's copier has copied every batch (False on
+        timeout). Every batch is handed to ZeroMQ when ``publish`` returns."""
+        return self._buffer.drain(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop serving replays and close the sockets."""
@@ -177,6 +174,7 @@ class ZmqPublisher:
             self._pub.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)
+        self._buffer.close()
 
     def __enter__(self) -> ZmqPublisher:
         return self
@@ -196,8 +194,8 @@ class ZmqPublisher:
                 continue
             client, _, start = frames
             first = int.from_bytes(start, "big")
+            held = self._buffer.batches_from(first)
             with self._lock:
-                held = [item for item in self._buffer if item[0] >= first]
                 # Counted before the answer leaves: a client that has read the end marker
                 # sees its replay in stats().
                 self._replays += 1

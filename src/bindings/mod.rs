@@ -13,6 +13,7 @@ pub mod hash_list;
 pub mod hashing;
 pub mod locking;
 pub mod manager;
+pub mod replay_ring;
 pub mod requests;
 pub mod step;
 pub mod tracker;

@@ -6,8 +6,8 @@
 //! manager, for vLLM's scheduler) -> `block_pool`; `group_tables` (the same for
 //! several KV-cache groups) -> `group_hits`, `retention`, `kv_groups`,
 //! `block_pool`; the managers and tables -> `slots`, `known_hashes`;
-//! `hashing`, `hash_key`, `request_id` and `error` are leaves. Nothing here knows
-//! Python exists.
+//! `hashing`, `hash_key`, `request_id`, `error` and `replay_ring` (an event
+//! publisher's replay buffer) are leaves. Nothing here knows Python exists.
 
 mod block_pool;
 mod block_tables;
@@ -32,6 +32,7 @@ pub use partial_keys::PartialBlock;
 mod pins;
 mod prefix_map;
 mod release;
+mod replay_ring;
 mod request_id;
 mod retention;
 mod slab;
@@ -62,6 +63,7 @@ pub use key_hasher::KeyHasher;
 pub use kv_groups::{AttentionKind, GroupSpec, KvGroups, SpecGroup};
 pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use prefix_map::PrefixMap;
+pub use replay_ring::ReplayRing;
 pub use request_id::{RequestId, RequestKey};
 pub use retention::{reachable_block_mask, replay_boundary};
 pub use slab::{BlockMeta, Slab, NIL};

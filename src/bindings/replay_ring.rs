@@ -1,0 +1,132 @@
+//! `kvpool.ReplayRing`: an event publisher's replay buffer (see `pool/replay_ring.rs`).
+
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use super::convert::{int_arg, type_name};
+use super::errors::{error, ErrorKind};
+use crate::pool::ReplayRing;
+
+/// The last ``max_batches`` event payloads within ``max_bytes`` (the newest always
+/// held), for replay to subscribers that missed them.
+///
+/// ``append`` copies a payload into a reused buffer and returns; a thread of the ring's
+/// own, which never needs the GIL, copies it into the ring, so that keeping it costs
+/// the publishing thread's cache nothing. Oldest batches go first, once more than
+/// ``max_batches`` are held or a new one needs their bytes.
+///
+/// The ring's locks are held for a few pointer moves, or for one batch's copy by a
+/// thread that needs nothing from Python, so a call may wait for them with the GIL
+/// held; calls that copy many batches (``batches_from``) or wait (``drain``, ``close``)
+/// release it.
+#[pyclass(frozen, module = "kvpool", name = "ReplayRing")]
+pub struct PyReplayRing {
+    ring: ReplayRing,
+}
+
+#[pymethods]
+impl PyReplayRing {
+    #[new]
+    fn new(max_batches: &Bound<'_, PyAny>, max_bytes: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let py = max_batches.py();
+        let batches = int_arg(max_batches, "max_batches", 1, i64::MAX)? as usize;
+        let bytes = int_arg(max_bytes, "max_bytes", 0, isize::MAX as i64)? as usize;
+        let ring = ReplayRing::new(batches, bytes).map_err(|e| {
+            error(
+                py,
+                ErrorKind::OutOfMemory,
+                format!("cannot start the replay ring: {e}"),
+            )
+        })?;
+        Ok(Self { ring })
+    }
+
+    /// Holds ``payload`` (``bytes``) as batch ``seq``; numbers must increase from call
+    /// to call. Raises ``RuntimeError`` once closed.
+    fn append(
+        &self,
+        py: Python<'_>,
+        seq: &Bound<'_, PyAny>,
+        payload: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let seq = int_arg(seq, "seq", 0, i64::MAX)? as u64;
+        let bytes = payload.cast::<PyBytes>().map_err(|_| {
+            error(
+                py,
+                ErrorKind::Dtype,
+                format!("payload must be bytes, got {}", type_name(payload)),
+            )
+        })?;
+        // Copied with the GIL held, so the bytes object stays alive: one memcpy into a
+        // buffer the ring reuses.
+        if self.ring.append(seq, bytes.as_bytes()) {
+            Ok(())
+        } else {
+            Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "the replay ring is closed",
+            ))
+        }
+    }
+
+    /// The held batches numbered ``first`` or later, oldest first, as ``(seq, bytes)``.
+    fn batches_from<'py>(
+        &self,
+        py: Python<'py>,
+        first: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let first = int_arg(first, "first", 0, i64::MAX)? as u64;
+        let held = py.detach(|| self.ring.batches_from(first));
+        let items = held
+            .into_iter()
+            .map(|(seq, bytes)| {
+                PyTuple::new(
+                    py,
+                    [
+                        seq.into_pyobject(py)?.into_any(),
+                        PyBytes::new(py, &bytes).into_any(),
+                    ],
+                )
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    /// Batches held, those waiting for the copier included.
+    fn __len__(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Payload bytes held, those waiting for the copier included.
+    #[getter]
+    fn num_bytes(&self) -> usize {
+        self.ring.num_bytes()
+    }
+
+    /// Waits (the GIL released) until the copier has copied every queued batch; False
+    /// on timeout.
+    fn drain(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        if !(timeout >= 0.0 && timeout.is_finite()) {
+            return Err(error(
+                py,
+                ErrorKind::InvalidArgument,
+                format!("timeout must be >= 0 seconds, got {timeout}"),
+            ));
+        }
+        Ok(py.detach(|| self.ring.drain(Duration::from_secs_f64(timeout))))
+    }
+
+    /// Stops the copier once it has copied what is queued; later appends raise.
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.ring.close());
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ReplayRing({} batches, {} bytes)",
+            self.ring.len(),
+            self.ring.num_bytes()
+        )
+    }
+}

@@ -1,0 +1,497 @@
+//! The replay buffer of an event publisher: the last batches' payloads, copied into
+//! one ring by a thread of its own.
+//!
+//! Keeping each step's payload is what publishing costs a scheduler step most: a step
+//! that stores 4,000 blocks makes a 266 kB payload, and holding on to it means writing
+//! 266 kB a step into memory no cache holds, which also pushes the step's own data out
+//! of the core's cache. Here the publishing thread copies the payload into a staging
+//! buffer it reuses (still in its cache) and hands it over; the copier thread copies
+//! it into the ring, so the cold writes happen on the other core. No Python is
+//! involved, so the copier never waits for the GIL.
+//!
+//! Batches leave oldest first, once more than `max_batches` are held or a new one needs
+//! their bytes; a payload larger than the ring is held alone, in its staging buffer. A
+//! batch waiting for the copier is already held: [`ReplayRing::batches_from`] serves it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Payloads below this size are held as they are, not copied into the ring: keeping
+/// them costs little, and handing each to the copier would cost a thread wake-up.
+pub const COPY_MIN: usize = 64 << 10;
+
+/// Staging buffers kept for reuse (more are made while the copier is behind).
+const SPARE_STAGING: usize = 2;
+
+/// Where a held batch's bytes are.
+#[derive(Debug)]
+enum Place {
+    /// In the ring, from this offset.
+    Ring(usize),
+    /// In a buffer of its own: a small payload, or one larger than the ring.
+    Whole(Arc<Vec<u8>>),
+}
+
+/// A held batch.
+#[derive(Debug)]
+struct Held {
+    seq: u64,
+    len: usize,
+    place: Place,
+}
+
+/// What the threads share under one lock; the ring's bytes have a lock of their own,
+/// which the copier takes to write one batch and readers to copy one out.
+#[derive(Debug, Default)]
+struct State {
+    /// Held batches, oldest first (sequence numbers increase).
+    held: VecDeque<Held>,
+    held_bytes: usize,
+    /// The held batches in the ring, `(seq, start, len)`, oldest first.
+    in_ring: VecDeque<(u64, usize, usize)>,
+    /// Where the next copy goes.
+    head: usize,
+    /// Batches waiting for the copier, oldest first; the one being copied stays first
+    /// until it is held.
+    pending: VecDeque<(u64, Arc<Vec<u8>>)>,
+    pending_bytes: usize,
+    /// Staging buffers free for the next append.
+    spare: Vec<Vec<u8>>,
+    closed: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when a batch is queued for an idle copier, held, or the ring closes.
+    changed: Condvar,
+    ring: Mutex<Vec<u8>>,
+    capacity: usize,
+    max_batches: usize,
+    copy_min: usize,
+}
+
+impl Shared {
+    /// Whether a payload of `len` bytes goes into the ring (else it is held whole).
+    fn copied(&self, len: usize) -> bool {
+        (self.copy_min..=self.capacity).contains(&len)
+    }
+}
+
+/// The last `max_batches` payloads within `max_bytes` (the newest always held).
+#[derive(Debug)]
+pub struct ReplayRing {
+    shared: Arc<Shared>,
+    copier: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A lock taken even if a thread panicked while holding it: every change here is
+/// complete before the next one starts, so the state stays consistent.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ReplayRing {
+    /// A ring of `max_bytes` (its pages are mapped as the copier first writes them)
+    /// holding at most `max_batches` batches, and its copier thread.
+    pub fn new(max_batches: usize, max_bytes: usize) -> std::io::Result<Self> {
+        Self::with_copy_min(max_batches, max_bytes, COPY_MIN)
+    }
+
+    /// [`new`](Self::new), copying into the ring the payloads of `copy_min` bytes or
+    /// more (and at most the ring's size) instead of [`COPY_MIN`].
+    pub fn with_copy_min(
+        max_batches: usize,
+        max_bytes: usize,
+        copy_min: usize,
+    ) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            ring: Mutex::new(vec![0u8; max_bytes]),
+            capacity: max_bytes,
+            max_batches: max_batches.max(1),
+            copy_min,
+        });
+        let for_copier = Arc::clone(&shared);
+        let copier = std::thread::Builder::new()
+            .name("kvpool-replay-ring".into())
+            .spawn(move || copy_loop(&for_copier))?;
+        Ok(Self {
+            shared,
+            copier: Mutex::new(Some(copier)),
+        })
+    }
+
+    /// Holds `payload` as batch `seq` (numbers increase from call to call). Returns
+    /// at once: one copy, into a reused staging buffer for a payload the copier puts
+    /// in the ring. False once closed.
+    pub fn append(&self, seq: u64, payload: &[u8]) -> bool {
+        let shared = &*self.shared;
+        if !shared.copied(payload.len()) {
+            let whole = Arc::new(payload.to_vec());
+            let mut state = lock(&shared.state);
+            if state.closed {
+                return false;
+            }
+            if state.pending.is_empty() {
+                let len = whole.len();
+                hold(
+                    shared,
+                    &mut state,
+                    Held {
+                        seq,
+                        len,
+                        place: Place::Whole(whole),
+                    },
+                );
+            } else {
+                // Behind batches still to be copied: held in order, by the copier.
+                state.pending_bytes += whole.len();
+                state.pending.push_back((seq, whole));
+            }
+            return true;
+        }
+        let mut staging = {
+            let mut state = lock(&shared.state);
+            if state.closed {
+                return false;
+            }
+            state.spare.pop().unwrap_or_default()
+        };
+        staging.clear();
+        staging.extend_from_slice(payload);
+        let mut state = lock(&shared.state);
+        let idle = state.pending.is_empty();
+        state.pending_bytes += staging.len();
+        state.pending.push_back((seq, Arc::new(staging)));
+        drop(state);
+        if idle {
+            shared.changed.notify_all();
+        }
+        true
+    }
+
+    /// The held batches numbered `first` or later, oldest first.
+    ///
+    /// Copies out one batch at a time, so that neither the publishing thread nor the
+    /// copier waits longer than one batch's copy; a batch let go meanwhile (only the
+    /// oldest can be) is left out.
+    pub fn batches_from(&self, first: u64) -> Vec<(u64, Vec<u8>)> {
+        enum Source {
+            Ring { start: usize, len: usize },
+            Whole(Arc<Vec<u8>>),
+        }
+        let wanted: Vec<(u64, Source)> = {
+            let state = lock(&self.shared.state);
+            let held = state.held.iter().filter(|h| h.seq >= first).map(|h| {
+                let source = match &h.place {
+                    Place::Whole(b) => Source::Whole(Arc::clone(b)),
+                    Place::Ring(start) => Source::Ring {
+                        start: *start,
+                        len: h.len,
+                    },
+                };
+                (h.seq, source)
+            });
+            let pending = state
+                .pending
+                .iter()
+                .filter(|(seq, _)| *seq >= first)
+                .map(|(seq, b)| (*seq, Source::Whole(Arc::clone(b))));
+            held.chain(pending).collect()
+        };
+        let mut out = Vec::with_capacity(wanted.len());
+        for (seq, source) in wanted {
+            match source {
+                Source::Whole(bytes) => out.push((seq, bytes.to_vec())),
+                Source::Ring { start, len } => {
+                    // The ring's lock first, then whether the batch is still held: the
+                    // copier lets a batch go before it takes the ring's lock to write.
+                    let ring = lock(&self.shared.ring);
+                    if self.is_held_at(seq, start) {
+                        out.push((seq, ring[start..start + len].to_vec()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether batch `seq` is held in the ring at `start`.
+    fn is_held_at(&self, seq: u64, start: usize) -> bool {
+        let state = lock(&self.shared.state);
+        state
+            .held
+            .binary_search_by_key(&seq, |h| h.seq)
+            .is_ok_and(|i| matches!(state.held[i].place, Place::Ring(s) if s == start))
+    }
+
+    /// Batches held, those waiting for the copier included.
+    pub fn len(&self) -> usize {
+        let state = lock(&self.shared.state);
+        state.held.len() + state.pending.len()
+    }
+
+    /// True when no batch is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Payload bytes held, those waiting for the copier included.
+    pub fn num_bytes(&self) -> usize {
+        let state = lock(&self.shared.state);
+        state.held_bytes + state.pending_bytes
+    }
+
+    /// Waits until the copier has held every queued batch; false on timeout.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = lock(&self.shared.state);
+        while !state.pending.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Stops the copier once it has copied what is queued, and waits for it; later
+    /// appends are refused. Idempotent.
+    pub fn close(&self) {
+        lock(&self.shared.state).closed = true;
+        self.shared.changed.notify_all();
+        if let Some(copier) = lock(&self.copier).take() {
+            let _ = copier.join();
+        }
+    }
+}
+
+impl Drop for ReplayRing {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The copier: makes room for the oldest queued batch, copies it, holds it.
+fn copy_loop(shared: &Shared) {
+    loop {
+        let (staging, start) = {
+            let mut state = lock(&shared.state);
+            while state.pending.is_empty() && !state.closed {
+                state = shared
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            let Some((_, staging)) = state.pending.front().cloned() else {
+                return; // closed, and nothing left
+            };
+            let len = staging.len();
+            if !shared.copied(len) {
+                hold_first_pending(shared, &mut state, Place::Whole(staging));
+                drop(state);
+                shared.changed.notify_all();
+                continue;
+            }
+            let start = make_room(&mut state, shared.capacity, len);
+            (staging, start)
+        };
+        // The region belongs to no held batch, so no reader copies it out meanwhile;
+        // the batch stays first in `pending` (served from there) until it is held.
+        let len = staging.len();
+        lock(&shared.ring)[start..start + len].copy_from_slice(&staging);
+        let mut state = lock(&shared.state);
+        hold_first_pending(shared, &mut state, Place::Ring(start));
+        if state.spare.len() < SPARE_STAGING {
+            if let Ok(buffer) = Arc::try_unwrap(staging) {
+                state.spare.push(buffer);
+            }
+        }
+        drop(state);
+        shared.changed.notify_all();
+    }
+}
+
+/// Moves the first pending batch, whose bytes are now at `place`, to the held ones.
+fn hold_first_pending(shared: &Shared, state: &mut State, place: Place) {
+    if let Some((seq, staging)) = state.pending.pop_front() {
+        let len = staging.len();
+        state.pending_bytes -= len;
+        hold(shared, state, Held { seq, len, place });
+    }
+}
+
+/// Holds `held`, then lets the oldest go while over a bound (the newest stays).
+fn hold(shared: &Shared, state: &mut State, held: Held) {
+    state.held_bytes += held.len;
+    if let Place::Ring(start) = held.place {
+        state.in_ring.push_back((held.seq, start, held.len));
+    }
+    state.held.push_back(held);
+    while state.held.len() > shared.max_batches
+        || (state.held_bytes > shared.capacity && state.held.len() > 1)
+    {
+        drop_oldest(state);
+    }
+}
+
+/// Frees the ring bytes a payload of `len` (at most `capacity`) goes to: from the head,
+/// or from 0 when it does not fit before the end. The ring's batches after the head
+/// are its oldest, so they go while they overlap the region (wrapping frees everything
+/// from the head to the end too), each with every batch older than it.
+fn make_room(state: &mut State, capacity: usize, len: usize) -> usize {
+    let start = if state.head + len <= capacity {
+        state.head
+    } else {
+        0
+    };
+    let end = start + len;
+    let wrapped = start < state.head;
+    while let Some(&(seq, at, n)) = state.in_ring.front() {
+        let in_tail = wrapped && at >= state.head;
+        let overlaps = at < end && at + n > start;
+        if !(in_tail || overlaps) {
+            break;
+        }
+        while state.held.front().is_some_and(|h| h.seq <= seq) {
+            drop_oldest(state);
+        }
+    }
+    state.head = end;
+    start
+}
+
+fn drop_oldest(state: &mut State) {
+    if let Some(held) = state.held.pop_front() {
+        state.held_bytes -= held.len;
+        if let Place::Ring(_) = held.place {
+            state.in_ring.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seqs(ring: &ReplayRing) -> Vec<u64> {
+        ring.batches_from(0).into_iter().map(|(s, _)| s).collect()
+    }
+
+    fn payload(seq: u64, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (seq as usize * 31 + i) as u8).collect()
+    }
+
+    #[test]
+    fn holds_the_newest_batches_that_fit_oldest_first() {
+        let ring = ReplayRing::with_copy_min(8, 100, 0).unwrap();
+        for seq in 0..10 {
+            assert!(ring.append(seq, &payload(seq, 30)));
+        }
+        assert!(ring.drain(Duration::from_secs(5)));
+        // 100 bytes hold three 30-byte payloads.
+        assert_eq!(seqs(&ring), vec![7, 8, 9]);
+        assert_eq!((ring.len(), ring.num_bytes()), (3, 90));
+        for (seq, bytes) in ring.batches_from(8) {
+            assert_eq!(bytes, payload(seq, 30));
+        }
+        assert_eq!(seqs(&ring).len(), ring.batches_from(7).len());
+    }
+
+    #[test]
+    fn the_batch_bound_and_mixed_sizes_and_wrapping() {
+        // Copy thresholds: everything into the ring; only 200 bytes and more; nothing.
+        for copy_min in [0, 200, usize::MAX] {
+            bounded_mixed_sizes(copy_min);
+        }
+    }
+
+    fn bounded_mixed_sizes(copy_min: usize) {
+        let ring = ReplayRing::with_copy_min(3, 1_000, copy_min).unwrap();
+        let sizes = [
+            400, 10, 300, 500, 20, 999, 1, 250, 250, 250, 250, 600, 600, 5, 700, 300,
+        ];
+        for (seq, &len) in sizes.iter().enumerate() {
+            ring.append(seq as u64, &payload(seq as u64, len));
+            assert!(ring.drain(Duration::from_secs(5)));
+            let held = ring.batches_from(0);
+            assert!(held.len() <= 3 && held.last().map(|h| h.0) == Some(seq as u64));
+            assert!(held.iter().map(|(_, b)| b.len()).sum::<usize>() <= 1_000);
+            for (s, bytes) in &held {
+                assert_eq!(bytes, &payload(*s, sizes[*s as usize]));
+            }
+            assert!(
+                held.windows(2).all(|w| w[0].0 + 1 == w[1].0),
+                "consecutive: {held:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_payload_larger_than_the_ring_is_held_alone() {
+        let ring = ReplayRing::with_copy_min(10, 50, 0).unwrap();
+        ring.append(0, &payload(0, 20));
+        ring.append(1, &payload(1, 80));
+        assert!(ring.drain(Duration::from_secs(5)));
+        assert_eq!(ring.batches_from(0), vec![(1, payload(1, 80))]);
+        ring.append(2, &payload(2, 20));
+        assert!(ring.drain(Duration::from_secs(5)));
+        assert_eq!(ring.batches_from(0), vec![(2, payload(2, 20))]);
+        let empty = ReplayRing::new(10, 0).unwrap();
+        empty.append(5, b"abc");
+        empty.append(6, b"de");
+        assert!(empty.drain(Duration::from_secs(5)));
+        assert_eq!(empty.batches_from(0), vec![(6, b"de".to_vec())]);
+    }
+
+    #[test]
+    fn queued_batches_are_served_and_closing_copies_them_first() {
+        let ring = ReplayRing::with_copy_min(100, 1 << 20, 500).unwrap();
+        for seq in 0..50 {
+            // Alternately copied and held whole: order is kept across the two.
+            ring.append(seq, &payload(seq, if seq % 2 == 0 { 1000 } else { 100 }));
+        }
+        // Whatever the copier has reached, every batch is there, in order.
+        assert_eq!(seqs(&ring), (0..50).collect::<Vec<_>>());
+        ring.close();
+        assert!(!ring.append(50, b"late"));
+        assert_eq!(ring.len(), 50);
+        assert!(ring.drain(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn readers_never_see_a_torn_or_reordered_batch() {
+        let ring = Arc::new(ReplayRing::with_copy_min(64, 10_000, 100).unwrap());
+        let reader = {
+            let ring = Arc::clone(&ring);
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while reads < 2_000 {
+                    let held = ring.batches_from(0);
+                    for (seq, bytes) in &held {
+                        let len = 50 + (*seq as usize * 37) % 900;
+                        assert_eq!(bytes, &payload(*seq, len), "batch {seq}");
+                    }
+                    assert!(held.windows(2).all(|w| w[0].0 < w[1].0));
+                    reads += 1;
+                }
+            })
+        };
+        for seq in 0..5_000u64 {
+            ring.append(seq, &payload(seq, 50 + (seq as usize * 37) % 900));
+        }
+        reader.join().unwrap();
+        assert!(ring.drain(Duration::from_secs(5)));
+        assert_eq!(ring.batches_from(0).last().map(|h| h.0), Some(4_999));
+    }
+}

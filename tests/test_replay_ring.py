@@ -1,0 +1,79 @@
+"""``kvpool.ReplayRing``, the publisher's replay buffer: bounds, order, payloads copied into
+the ring by its own thread (64 KiB and more) and held whole (smaller), and bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import kvpool
+
+BIG = 70_000  # above the ring's copy threshold (64 KiB)
+
+
+def payload(seq: int, size: int) -> bytes:
+    return np.random.default_rng(seq).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def test_holds_the_newest_batches_within_both_bounds_oldest_first() -> None:
+    ring = kvpool.ReplayRing(4, 3 * BIG + 10)
+    sizes = [BIG, 100, BIG, BIG, 5, BIG, BIG, 200, BIG]
+    for seq, size in enumerate(sizes):
+        ring.append(seq, payload(seq, size))
+        assert ring.drain(5.0)
+        held = ring.batches_from(0)
+        assert held[-1][0] == seq
+        assert len(held) <= 4 and sum(len(b) for _, b in held) <= 3 * BIG + 10
+        assert [s for s, _ in held] == list(range(held[0][0], seq + 1))
+        assert all(b == payload(s, sizes[s]) for s, b in held)
+        assert (len(ring), ring.num_bytes) == (len(held), sum(len(b) for _, b in held))
+    assert [s for s, _ in ring.batches_from(7)] == [7, 8]
+    assert ring.batches_from(100) == []
+    ring.close()
+
+
+def test_a_reader_sees_every_batch_whole_while_the_copier_runs() -> None:
+    ring = kvpool.ReplayRing(1_000, 40 * BIG)
+    errors: list[str] = []
+
+    def read() -> None:
+        for _ in range(200):
+            held = ring.batches_from(0)
+            for seq, data in held:
+                if data != payload(seq, BIG + seq % 7):
+                    errors.append(f"batch {seq} torn")
+            if [s for s, _ in held] != sorted(s for s, _ in held):
+                errors.append("out of order")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for seq in range(300):
+        ring.append(seq, payload(seq, BIG + seq % 7))
+    reader.join()
+    assert errors == []
+    assert ring.drain(5.0)
+    assert ring.batches_from(299)[0][1] == payload(299, BIG + 299 % 7)
+
+
+def test_bad_input_and_closing() -> None:
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kvpool.ReplayRing(0, 100)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kvpool.ReplayRing(10, -1)
+    ring = kvpool.ReplayRing(10, 1_000)
+    with pytest.raises(kvpool.DtypeError):
+        ring.append(0, bytearray(b"abc"))
+    with pytest.raises(kvpool.InvalidArgumentError):
+        ring.append(-1, b"abc")
+    with pytest.raises(kvpool.InvalidArgumentError):
+        ring.drain(-1.0)
+    assert len(ring) == 0
+    ring.append(0, b"abc")
+    ring.close()
+    ring.close()  # idempotent
+    with pytest.raises(RuntimeError):
+        ring.append(1, b"def")
+    assert ring.batches_from(0) == [(0, b"abc")]
+    assert "1 batches" in repr(ring)
