@@ -9,7 +9,7 @@ buffered batch from ``start_seq`` on, ``(identity, b"", topic, seq, payload)`` e
 end marker ``(identity, b"", b"", (-1).to_bytes(8, "big", signed=True), b"")``. The last
 ``buffer_steps`` batches are kept for replay, as in vLLM, and, unlike vLLM, at most
 ``buffer_bytes`` of payload (the newest batch always): vLLM's 10,000 batches of a step that
-stores 4,000 blocks would hold 5 GB.
+stores 4,000 blocks would hold 2.7 GB.
 
 Unlike vLLM's publisher, there is no Python thread between the caller and the PUB socket:
 ``take_events_msgpack()`` encodes in Rust and ``publish`` hands the frames to ZeroMQ, whose
