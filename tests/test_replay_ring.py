@@ -62,6 +62,8 @@ def test_bad_input_and_closing() -> None:
         kvpool.ReplayRing(0, 100)
     with pytest.raises(kvpool.InvalidArgumentError):
         kvpool.ReplayRing(10, -1)
+    with pytest.raises(kvpool.OutOfMemoryError):
+        kvpool.ReplayRing(10, 2**62)  # reserved up front: refused, not an abort later
     ring = kvpool.ReplayRing(10, 1_000)
     with pytest.raises(kvpool.DtypeError):
         ring.append(0, bytearray(b"abc"))

@@ -94,8 +94,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ReplayRing {
-    /// A ring of `max_bytes` (its pages are mapped as the copier first writes them)
-    /// holding at most `max_batches` batches, and its copier thread.
+    /// A ring of `max_bytes` (reserved; used as batches fill it) holding at most
+    /// `max_batches` batches, and its copier thread. An error if the room cannot be
+    /// reserved or the thread cannot start.
     pub fn new(max_batches: usize, max_bytes: usize) -> std::io::Result<Self> {
         Self::with_copy_min(max_batches, max_bytes, COPY_MIN)
     }
@@ -107,10 +108,19 @@ impl ReplayRing {
         max_bytes: usize,
         copy_min: usize,
     ) -> std::io::Result<Self> {
+        // Reserved, not written: the ring grows into its room during its first lap, so
+        // memory is only used as batches need it, and the room never moves.
+        let mut ring = Vec::new();
+        ring.try_reserve_exact(max_bytes).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!("cannot reserve {max_bytes} bytes for the replay ring"),
+            )
+        })?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
-            ring: Mutex::new(vec![0u8; max_bytes]),
+            ring: Mutex::new(ring),
             capacity: max_bytes,
             max_batches: max_batches.max(1),
             copy_min,
@@ -309,7 +319,14 @@ fn copy_loop(shared: &Shared) {
         // The region belongs to no held batch, so no reader copies it out meanwhile;
         // the batch stays first in `pending` (served from there) until it is held.
         let len = staging.len();
-        lock(&shared.ring)[start..start + len].copy_from_slice(&staging);
+        {
+            let mut ring = lock(&shared.ring);
+            if ring.len() < start + len {
+                // Still growing into its reserved room (which `start + len` never exceeds).
+                ring.resize(start + len, 0);
+            }
+            ring[start..start + len].copy_from_slice(&staging);
+        }
         let mut state = lock(&shared.state);
         hold_first_pending(shared, &mut state, Place::Ring(start));
         if state.spare.len() < SPARE_STAGING {
@@ -435,6 +452,12 @@ mod tests {
                 "consecutive: {held:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_impossible_ring_is_an_error_not_an_abort() {
+        let err = ReplayRing::new(10, usize::MAX / 2).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::OutOfMemory);
     }
 
     #[test]
