@@ -17,6 +17,9 @@ use crate::pool::ReplayRing;
 /// the publishing thread's cache nothing. Oldest batches go first, once more than
 /// ``max_batches`` are held or a new one needs their bytes.
 ///
+/// Like any object with a thread, make it in the process that uses it, after any
+/// ``fork``: a forked child has no copier.
+///
 /// The ring's locks are held for a few pointer moves, or for one batch's copy by a
 /// thread that needs nothing from Python, so a call may wait for them with the GIL
 /// held; calls that copy many batches (``batches_from``) or wait (``drain``, ``close``)
