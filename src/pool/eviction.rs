@@ -190,6 +190,10 @@ pub fn ghost_fingerprint(key: &BlockHashKey) -> u64 {
     h
 }
 
+/// Ghost-table lines touched ahead at once: enough misses in flight to overlap,
+/// few enough that the lines are still in cache when they are used.
+const WARM_CHUNK: usize = 64;
+
 /// Ways per set of the ghost table (8 ways of 8 bytes: one cache line).
 pub const GHOST_WAYS: usize = 8;
 
@@ -613,10 +617,14 @@ impl Eviction {
     /// ghost table in one tight loop, so its cache misses overlap.
     pub fn on_evicted_many(&mut self, evicted: &[(u32, u64)]) {
         if self.policy == EvictionPolicy::Adaptive {
-            self.ghosts.warm(evicted.iter().map(|&(_, f)| f));
-            for &(id, fingerprint) in evicted {
-                self.ghosts
-                    .record(fingerprint, self.adaptive[id as usize] as u8);
+            // In chunks, so that a chunk's lines are still in cache when it is recorded
+            // (a whole pool's would not be).
+            for chunk in evicted.chunks(WARM_CHUNK) {
+                self.ghosts.warm(chunk.iter().map(|&(_, f)| f));
+                for &(id, fingerprint) in chunk {
+                    self.ghosts
+                        .record(fingerprint, self.adaptive[id as usize] as u8);
+                }
             }
         }
     }
@@ -624,10 +632,12 @@ impl Eviction {
     /// [`on_cached`](Self::on_cached) for each `(block, fingerprint)`, in order.
     pub fn on_cached_many(&mut self, cached: &[(u32, u64)]) {
         if self.policy == EvictionPolicy::Adaptive {
-            self.ghosts.warm_directory(cached.iter().map(|&(_, f)| f));
-            for &(id, fingerprint) in cached {
-                let before = self.ghosts.take(fingerprint);
-                self.set_uses(id, before.saturating_add(1));
+            for chunk in cached.chunks(WARM_CHUNK) {
+                self.ghosts.warm_directory(chunk.iter().map(|&(_, f)| f));
+                for &(id, fingerprint) in chunk {
+                    let before = self.ghosts.take(fingerprint);
+                    self.set_uses(id, before.saturating_add(1));
+                }
             }
         }
     }
