@@ -219,9 +219,8 @@ pub struct Ghosts {
     /// misses); the slack around them is never used.
     ways: Vec<u64>,
     base: usize,
-    /// Ways in the table (`ways` has `GHOST_WAYS - 1` more, the slack).
-    capacity: usize,
-    /// Per way, [`Self::tag_byte`] of its record, or 0 while it holds none.
+    /// Per way of the table (so as long as it), [`Self::directory_byte`] of its
+    /// record's tag, or 0 while it holds none.
     directory: Vec<u8>,
     /// `sets - 1`; `sets` is a power of two.
     set_mask: u64,
@@ -263,7 +262,6 @@ impl Ghosts {
         Ok(Self {
             ways: table,
             base,
-            capacity: n,
             directory,
             set_mask: sets as u64 - 1,
             stamp: 0,
@@ -281,10 +279,11 @@ impl Ghosts {
         (fingerprint >> 40) << 8
     }
 
-    /// The directory's byte for `fingerprint`: 8 bits of its tag, never 0.
+    /// The directory's byte for a record's `tag` (as [`Self::tag`] places it): its
+    /// low 8 bits, never 0.
     #[inline]
-    fn tag_byte(fingerprint: u64) -> u8 {
-        ((fingerprint >> 40) as u8) | 1
+    fn directory_byte(tag: u64) -> u8 {
+        ((tag >> 8) as u8) | 1
     }
 
     /// Evictions since `way` was written.
@@ -319,7 +318,7 @@ impl Ghosts {
         let victim = start + GHOST_WAYS - 1 - (best & 7) as usize;
         self.ways[self.base + victim] =
             (u64::from(self.stamp) << 32) | Self::tag(fingerprint) | u64::from(uses);
-        self.directory[victim] = Self::tag_byte(fingerprint);
+        self.directory[victim] = Self::directory_byte(Self::tag(fingerprint));
     }
 
     /// The uses recorded for `fingerprint` (0 if none or forgotten), cleared as they
@@ -330,11 +329,10 @@ impl Ghosts {
             return 0;
         }
         let start = self.set_start(fingerprint);
-        let byte = Self::tag_byte(fingerprint);
-        if !self.directory[start..start + GHOST_WAYS].contains(&byte) {
+        let tag = Self::tag(fingerprint);
+        if !self.directory[start..start + GHOST_WAYS].contains(&Self::directory_byte(tag)) {
             return 0;
         }
-        let tag = Self::tag(fingerprint);
         // The first way holding the tag, found without branches.
         let mut hit = GHOST_WAYS;
         for i in (0..GHOST_WAYS).rev() {
@@ -399,12 +397,12 @@ impl Ghosts {
 
     /// Ways in the table.
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.directory.len()
     }
 
     /// The ways in use, without the slack.
     fn table(&self) -> &[u64] {
-        &self.ways[self.base..self.base + self.capacity]
+        &self.ways[self.base..self.base + self.capacity()]
     }
 
     fn clear(&mut self) {
@@ -422,7 +420,7 @@ impl Ghosts {
                 let expected = if way & 0xFF == 0 {
                     0
                 } else {
-                    ((way >> 8) as u8) | 1
+                    Self::directory_byte(way & 0xFFFF_FF00)
                 };
                 byte != expected
             })
