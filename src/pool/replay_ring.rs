@@ -140,43 +140,33 @@ impl ReplayRing {
     /// in the ring. False once closed.
     pub fn append(&self, seq: u64, payload: &[u8]) -> bool {
         let shared = &*self.shared;
-        if !shared.copied(payload.len()) {
-            let whole = Arc::new(payload.to_vec());
-            let mut state = lock(&shared.state);
-            if state.closed {
-                return false;
-            }
-            if state.pending.is_empty() {
-                let len = whole.len();
-                hold(
-                    shared,
-                    &mut state,
-                    Held {
-                        seq,
-                        len,
-                        place: Place::Whole(whole),
-                    },
-                );
-            } else {
-                // Behind batches still to be copied: held in order, by the copier.
-                state.pending_bytes += whole.len();
-                state.pending.push_back((seq, whole));
-            }
+        // One lock section, the copy included (one batch's copy at most: the copier
+        // and readers take the lock only between copies), so that batches queue in
+        // the order their numbers were checked in.
+        let mut state = lock(&shared.state);
+        if state.closed {
+            return false;
+        }
+        let len = payload.len();
+        if !shared.copied(len) && state.pending.is_empty() {
+            let place = Place::Whole(Arc::new(payload.to_vec()));
+            hold(shared, &mut state, Held { seq, len, place });
             return true;
         }
-        let mut staging = {
-            let mut state = lock(&shared.state);
-            if state.closed {
-                return false;
-            }
-            state.spare.pop().unwrap_or_default()
+        // A payload for the ring goes into a reused staging buffer; one held whole
+        // but behind batches still to be copied waits with them (in a buffer of its
+        // own size), held in order by the copier.
+        let bytes = if shared.copied(len) {
+            let mut staging = state.spare.pop().unwrap_or_default();
+            staging.clear();
+            staging.extend_from_slice(payload);
+            staging
+        } else {
+            payload.to_vec()
         };
-        staging.clear();
-        staging.extend_from_slice(payload);
-        let mut state = lock(&shared.state);
         let idle = state.pending.is_empty();
-        state.pending_bytes += staging.len();
-        state.pending.push_back((seq, Arc::new(staging)));
+        state.pending_bytes += len;
+        state.pending.push_back((seq, Arc::new(bytes)));
         drop(state);
         if idle {
             shared.changed.notify_all();
