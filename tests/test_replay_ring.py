@@ -73,6 +73,9 @@ def test_bad_input_and_closing() -> None:
         ring.drain(-1.0)
     assert len(ring) == 0
     ring.append(0, b"abc")
+    with pytest.raises(kvpool.InvalidArgumentError):  # numbers must increase
+        ring.append(0, b"again")
+    assert ring.batches_from(0) == [(0, b"abc")]
     ring.close()
     ring.close()  # idempotent
     with pytest.raises(RuntimeError):

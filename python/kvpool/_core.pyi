@@ -457,8 +457,9 @@ class ComputedBlocksTracker:
 class ReplayRing:
     def __new__(cls, max_batches: int, max_bytes: int) -> ReplayRing: ...
     def append(self, seq: int, payload: bytes) -> None:
-        """Holds ``payload`` (``bytes``) as batch ``seq``; numbers must increase from call
-        to call. Raises ``RuntimeError`` once closed.
+        """Holds ``payload`` (``bytes``) as batch ``seq``. Numbers must increase from call
+        to call (``InvalidArgumentError`` otherwise, holding nothing); raises
+        ``RuntimeError`` once closed.
         """
     def batches_from(self, first: int) -> list[tuple[int, bytes]]:
         """The held batches numbered ``first`` or later, oldest first, as ``(seq, bytes)``."""

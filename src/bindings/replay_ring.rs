@@ -7,7 +7,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::convert::{int_arg, type_name};
 use super::errors::{error, ErrorKind};
-use crate::pool::ReplayRing;
+use crate::pool::{AppendError, ReplayRing};
 
 /// The last ``max_batches`` event payloads within ``max_bytes`` (the newest always
 /// held), for replay to subscribers that missed them.
@@ -46,8 +46,9 @@ impl PyReplayRing {
         Ok(Self { ring })
     }
 
-    /// Holds ``payload`` (``bytes``) as batch ``seq``; numbers must increase from call
-    /// to call. Raises ``RuntimeError`` once closed.
+    /// Holds ``payload`` (``bytes``) as batch ``seq``. Numbers must increase from call
+    /// to call (``InvalidArgumentError`` otherwise, holding nothing); raises
+    /// ``RuntimeError`` once closed.
     fn append(
         &self,
         py: Python<'_>,
@@ -64,12 +65,16 @@ impl PyReplayRing {
         })?;
         // Copied with the GIL held, so the bytes object stays alive: one memcpy into a
         // buffer the ring reuses.
-        if self.ring.append(seq, bytes.as_bytes()) {
-            Ok(())
-        } else {
-            Err(pyo3::exceptions::PyRuntimeError::new_err(
+        match self.ring.append(seq, bytes.as_bytes()) {
+            Ok(()) => Ok(()),
+            Err(AppendError::Closed) => Err(pyo3::exceptions::PyRuntimeError::new_err(
                 "the replay ring is closed",
-            ))
+            )),
+            Err(AppendError::OutOfOrder { last }) => Err(error(
+                py,
+                ErrorKind::InvalidArgument,
+                format!("batch numbers must increase: got {seq} after {last}"),
+            )),
         }
     }
 

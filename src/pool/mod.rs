@@ -63,7 +63,7 @@ pub use key_hasher::KeyHasher;
 pub use kv_groups::{AttentionKind, GroupSpec, KvGroups, SpecGroup};
 pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use prefix_map::PrefixMap;
-pub use replay_ring::ReplayRing;
+pub use replay_ring::{AppendError, ReplayRing};
 pub use request_id::{RequestId, RequestKey};
 pub use retention::{reachable_block_mask, replay_boundary};
 pub use slab::{BlockMeta, Slab, NIL};

@@ -59,7 +59,18 @@ struct State {
     pending_bytes: usize,
     /// Staging buffers free for the next append.
     spare: Vec<Vec<u8>>,
+    /// The last batch number appended.
+    last_seq: Option<u64>,
     closed: bool,
+}
+
+/// Why [`ReplayRing::append`] refused a batch (nothing changed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppendError {
+    /// The ring is closed.
+    Closed,
+    /// Batch numbers must increase; this is the last one appended.
+    OutOfOrder { last: u64 },
 }
 
 #[derive(Debug)]
@@ -135,23 +146,27 @@ impl ReplayRing {
         })
     }
 
-    /// Holds `payload` as batch `seq` (numbers increase from call to call). Returns
+    /// Holds `payload` as batch `seq`, numbered above every batch before it. Returns
     /// at once: one copy, into a reused staging buffer for a payload the copier puts
-    /// in the ring. False once closed.
-    pub fn append(&self, seq: u64, payload: &[u8]) -> bool {
+    /// in the ring.
+    pub fn append(&self, seq: u64, payload: &[u8]) -> Result<(), AppendError> {
         let shared = &*self.shared;
         // One lock section, the copy included (one batch's copy at most: the copier
         // and readers take the lock only between copies), so that batches queue in
         // the order their numbers were checked in.
         let mut state = lock(&shared.state);
         if state.closed {
-            return false;
+            return Err(AppendError::Closed);
         }
+        if let Some(last) = state.last_seq.filter(|&last| seq <= last) {
+            return Err(AppendError::OutOfOrder { last });
+        }
+        state.last_seq = Some(seq);
         let len = payload.len();
         if !shared.copied(len) && state.pending.is_empty() {
             let place = Place::Whole(Arc::new(payload.to_vec()));
             hold(shared, &mut state, Held { seq, len, place });
-            return true;
+            return Ok(());
         }
         // A payload for the ring goes into a reused staging buffer; one held whole
         // but behind batches still to be copied waits with them (in a buffer of its
@@ -171,7 +186,7 @@ impl ReplayRing {
         if idle {
             shared.changed.notify_all();
         }
-        true
+        Ok(())
     }
 
     /// The held batches numbered `first` or later, oldest first.
@@ -403,7 +418,7 @@ mod tests {
     fn holds_the_newest_batches_that_fit_oldest_first() {
         let ring = ReplayRing::with_copy_min(8, 100, 0).unwrap();
         for seq in 0..10 {
-            assert!(ring.append(seq, &payload(seq, 30)));
+            assert_eq!(ring.append(seq, &payload(seq, 30)), Ok(()));
         }
         assert!(ring.drain(Duration::from_secs(5)));
         // 100 bytes hold three 30-byte payloads.
@@ -429,7 +444,7 @@ mod tests {
             400, 10, 300, 500, 20, 999, 1, 250, 250, 250, 250, 600, 600, 5, 700, 300,
         ];
         for (seq, &len) in sizes.iter().enumerate() {
-            ring.append(seq as u64, &payload(seq as u64, len));
+            ring.append(seq as u64, &payload(seq as u64, len)).unwrap();
             assert!(ring.drain(Duration::from_secs(5)));
             let held = ring.batches_from(0);
             assert!(held.len() <= 3 && held.last().map(|h| h.0) == Some(seq as u64));
@@ -453,16 +468,25 @@ mod tests {
     #[test]
     fn a_payload_larger_than_the_ring_is_held_alone() {
         let ring = ReplayRing::with_copy_min(10, 50, 0).unwrap();
-        ring.append(0, &payload(0, 20));
-        ring.append(1, &payload(1, 80));
+        ring.append(0, &payload(0, 20)).unwrap();
+        ring.append(1, &payload(1, 80)).unwrap();
         assert!(ring.drain(Duration::from_secs(5)));
         assert_eq!(ring.batches_from(0), vec![(1, payload(1, 80))]);
-        ring.append(2, &payload(2, 20));
+        ring.append(2, &payload(2, 20)).unwrap();
         assert!(ring.drain(Duration::from_secs(5)));
         assert_eq!(ring.batches_from(0), vec![(2, payload(2, 20))]);
         let empty = ReplayRing::new(10, 0).unwrap();
-        empty.append(5, b"abc");
-        empty.append(6, b"de");
+        empty.append(5, b"abc").unwrap();
+        empty.append(6, b"de").unwrap();
+        // Numbers must increase; a refused batch changes nothing.
+        assert_eq!(
+            empty.append(6, b"x"),
+            Err(AppendError::OutOfOrder { last: 6 })
+        );
+        assert_eq!(
+            empty.append(2, b"x"),
+            Err(AppendError::OutOfOrder { last: 6 })
+        );
         assert!(empty.drain(Duration::from_secs(5)));
         assert_eq!(empty.batches_from(0), vec![(6, b"de".to_vec())]);
     }
@@ -472,12 +496,13 @@ mod tests {
         let ring = ReplayRing::with_copy_min(100, 1 << 20, 500).unwrap();
         for seq in 0..50 {
             // Alternately copied and held whole: order is kept across the two.
-            ring.append(seq, &payload(seq, if seq % 2 == 0 { 1000 } else { 100 }));
+            ring.append(seq, &payload(seq, if seq % 2 == 0 { 1000 } else { 100 }))
+                .unwrap();
         }
         // Whatever the copier has reached, every batch is there, in order.
         assert_eq!(seqs(&ring), (0..50).collect::<Vec<_>>());
         ring.close();
-        assert!(!ring.append(50, b"late"));
+        assert_eq!(ring.append(50, b"late"), Err(AppendError::Closed));
         assert_eq!(ring.len(), 50);
         assert!(ring.drain(Duration::from_millis(1)));
     }
@@ -501,7 +526,8 @@ mod tests {
             })
         };
         for seq in 0..5_000u64 {
-            ring.append(seq, &payload(seq, 50 + (seq as usize * 37) % 900));
+            ring.append(seq, &payload(seq, 50 + (seq as usize * 37) % 900))
+                .unwrap();
         }
         reader.join().unwrap();
         assert!(ring.drain(Duration::from_secs(5)));
