@@ -82,3 +82,47 @@ def test_bad_input_and_closing() -> None:
         ring.append(1, b"def")
     assert ring.batches_from(0) == [(0, b"abc")]
     assert "1 batches" in repr(ring)
+
+
+def test_threads_share_a_ring_without_deadlock() -> None:
+    # Two appenders (their numbers drawn under one Python lock, as the publisher does),
+    # readers, counters and drains, all at once: every call finishes, and every batch read
+    # is whole.
+    ring = kvpool.ReplayRing(200, 30 * BIG)
+    order = threading.Lock()
+    counter = iter(range(10**9))
+    sizes: dict[int, int] = {}
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def append(k: int) -> None:
+        for i in range(150):
+            size = BIG if (i + k) % 3 else 1_000
+            with order:
+                seq = next(counter)
+                sizes[seq] = size
+                ring.append(seq, payload(seq, size))
+
+    def read() -> None:
+        while not stop.is_set():
+            for seq, data in ring.batches_from(0):
+                if data != payload(seq, sizes[seq]):
+                    errors.append(f"batch {seq} torn")
+            len(ring), ring.num_bytes, repr(ring)
+            ring.drain(0.01)
+
+    threads = [threading.Thread(target=append, args=(k,)) for k in range(2)]
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in threads + readers:
+        t.start()
+    for t in threads:
+        t.join(60)
+    stop.set()
+    for t in readers:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads + readers), "a thread is stuck"
+    assert errors == []
+    assert ring.drain(5.0)
+    held = ring.batches_from(0)
+    assert held[-1][0] == 299 and len(held) <= 200
+    ring.close()

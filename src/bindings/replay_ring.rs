@@ -63,9 +63,10 @@ impl PyReplayRing {
                 format!("payload must be bytes, got {}", type_name(payload)),
             )
         })?;
-        // Copied with the GIL held, so the bytes object stays alive: one memcpy into a
-        // buffer the ring reuses.
-        match self.ring.append(seq, bytes.as_bytes()) {
+        // Copied with the GIL released (the ring's lock may be held by a thread that
+        // released it too); `bytes` keeps the immutable object alive meanwhile.
+        let data = bytes.as_bytes();
+        match py.detach(|| self.ring.append(seq, data)) {
             Ok(()) => Ok(()),
             Err(AppendError::Closed) => Err(pyo3::exceptions::PyRuntimeError::new_err(
                 "the replay ring is closed",
@@ -102,14 +103,14 @@ impl PyReplayRing {
     }
 
     /// Batches held, those waiting for the copier included.
-    fn __len__(&self) -> usize {
-        self.ring.len()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.ring.len())
     }
 
     /// Payload bytes held, those waiting for the copier included.
     #[getter]
-    fn num_bytes(&self) -> usize {
-        self.ring.num_bytes()
+    fn num_bytes(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.ring.num_bytes())
     }
 
     /// Waits (the GIL released) until the copier has copied every queued batch; False
@@ -130,11 +131,8 @@ impl PyReplayRing {
         py.detach(|| self.ring.close());
     }
 
-    fn __repr__(&self) -> String {
-        format!(
-            "ReplayRing({} batches, {} bytes)",
-            self.ring.len(),
-            self.ring.num_bytes()
-        )
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let (n, b) = py.detach(|| (self.ring.len(), self.ring.num_bytes()));
+        format!("ReplayRing({n} batches, {b} bytes)")
     }
 }
