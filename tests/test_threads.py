@@ -39,7 +39,21 @@ import pytest
 SECONDS = float(os.environ.get("KVPOOL_THREAD_SECONDS", "3"))
 TIMEOUT = 120 + 2 * SECONDS
 
-HAMMER = """
+EXPECT = """
+def expect(error, call):
+    \"\"\"Runs ``call``; anything but ``error`` raised (or nothing) goes to ``unexpected``.\"\"\"
+    try:
+        call()
+    except error:
+        return
+    except BaseException as e:  # noqa: BLE001
+        unexpected.append(f"{type(e).__name__}: {e}")
+        return
+    unexpected.append(f"no {error.__name__} from {call}")
+"""
+"""The scripts' check of a call that must fail (each script defines ``unexpected``)."""
+
+HAMMER = EXPECT + """
 import random, sys, threading, time
 import numpy as np
 import kvpool
@@ -98,17 +112,6 @@ def groups_of(pool_, groups):
 gcalls = kvpool.VllmGroupCalls(gtables, EMPTY, groups_of, lambda b: [list(g) for g in b], (), 0)
 
 
-def expect_error(call):
-    try:
-        call()
-    except kvpool.KVPoolError:
-        return
-    except BaseException as e:  # noqa: BLE001
-        unexpected.append(f"{type(e).__name__}: {e}")
-        return
-    unexpected.append(f"no error from {call}")
-
-
 def worker(k):
     rng = random.Random(k)
     n = 0
@@ -121,9 +124,9 @@ def worker(k):
             pool.cache_full_blocks(ids, hashes, 0, len(ids))
             assert (pool.find_longest_cache_hit(hashes) == ids).all()
             pool.free_blocks(ids, reverse=rng.random() < 0.5)
-            expect_error(lambda: pool.free_blocks(ids))               # double free
-            expect_error(lambda: pool.touch([4096 + k]))              # out of range
-            expect_error(lambda: pool.free_blocks(np.array([1.5])))   # dtype
+            expect(kvpool.KVPoolError, lambda: pool.free_blocks(ids))               # double free
+            expect(kvpool.KVPoolError, lambda: pool.touch([4096 + k]))              # out of range
+            expect(kvpool.KVPoolError, lambda: pool.free_blocks(np.array([1.5])))   # dtype
             # The manager: long prompts (hashed with the GIL released), prefill, free.
             rid = f"r{k}-{n}"
             manager.add_request(rid, LONG[k])
@@ -132,8 +135,8 @@ def worker(k):
                                             num_new_computed_tokens=n_hit, new_computed_blocks=hits)
             assert blocks is not None
             manager.free(rid)
-            expect_error(lambda: manager.free(rid))                   # unknown request
-            expect_error(lambda: manager.add_request(rid + "x", "text"))
+            expect(kvpool.KVPoolError, lambda: manager.free(rid))                   # unknown request
+            expect(kvpool.KVPoolError, lambda: manager.add_request(rid + "x", "text"))
             # The hasher: long prompts and batches, compared with the hashes made alone.
             assert hasher.hash_tokens(LONG[k]).to_list() == EXPECTED[k]
             batch = hasher.hash_tokens_many([LONG[k], LONG[(k + 1) % 4]])
@@ -149,7 +152,7 @@ def worker(k):
                         for i in range(3)]
             assert tables.allocate_slots(tid, 0, 50, t_hashes, 50) is not None
             tables.allocate_slots(tid, 50, 51, t_hashes, 1)
-            expect_error(lambda: tables.allocate_slots(tid, 51, 52, t_hashes, True))
+            expect(kvpool.KVPoolError, lambda: tables.allocate_slots(tid, 51, 52, t_hashes, True))
             tables.free(tid)
             # vLLM's per-request calls, reading a Request whose properties call back.
             req = Req(f"v{k}-{n}", [bytes([k + 200]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25)
@@ -162,14 +165,14 @@ def worker(k):
             assert hit_tokens == 48 and (hit == got[:3]).all()
             assert calls.estimate_cached_tokens(req) == 48
             calls.free(req)
-            expect_error(lambda: calls.free(object()))
+            expect(kvpool.KVPoolError, lambda: calls.free(object()))
             # A hybrid model's tables on the shared pool: prefill, window frees, free.
             gid = f"g{k}-{n}"
             g_hashes = [bytes([k + 50]) + n.to_bytes(4, "big") + i.to_bytes(2, "big") + bytes(25) for i in range(4)]
             got = gtables.allocate_slots(gid, 0, 64, 64, g_hashes, 64)
             assert got is not None and [len(g) for g in got] == [4, 4]
             gtables.remove_skipped_blocks(gid, 64)
-            expect_error(lambda: gtables.allocate_slots(gid, 64, 64, 64, g_hashes, 0))
+            expect(kvpool.KVPoolError, lambda: gtables.allocate_slots(gid, 64, 64, 64, g_hashes, 0))
             gtables.free(gid)
             # The hybrid manager, on long prompts the threads share (hits across threads).
             mid = f"m{k}-{n}"
@@ -278,7 +281,7 @@ print("ok", len(calls))
 """
 
 
-POLICIES = """
+POLICIES = EXPECT + """
 import random, sys, threading, time
 import kvpool
 
@@ -289,17 +292,6 @@ manager = kvpool.KVCacheManager(4096, 16, eviction="priority", clock="manual", m
 SYSTEM = list(range(16 * 8))                       # an 8-block system prompt, pinned by every thread
 errors, unexpected = [], []
 deadline = time.monotonic() + SECONDS
-
-
-def expect(error, call):
-    try:
-        call()
-    except error:
-        return
-    except BaseException as e:  # noqa: BLE001
-        unexpected.append(f"{type(e).__name__}: {e}")
-        return
-    unexpected.append(f"no {error.__name__} from {call}")
 
 
 def worker(k):
