@@ -50,8 +50,20 @@ def expect(error, call):
         unexpected.append(f"{type(e).__name__}: {e}")
         return
     unexpected.append(f"no {error.__name__} from {call}")
+
+
+def run_workers(worker, n=4):
+    \"\"\"Runs ``worker(k)`` on ``n`` threads at once; none may record an error.\"\"\"
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not unexpected, unexpected[:5]
 """
-"""The scripts' check of a call that must fail (each script defines ``unexpected``)."""
+"""What the thread scripts share: the check of a call that must fail, and running the
+workers (each script defines ``errors`` and ``unexpected``, and imports ``threading``)."""
 
 HAMMER = EXPECT + """
 import random, sys, threading, time
@@ -193,13 +205,7 @@ def worker(k):
         errors.append(f"thread {k}: {type(e).__name__}: {e}")
 
 
-threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-assert not errors, errors
-assert not unexpected, unexpected[:5]
+run_workers(worker)
 pool.check_invariants()
 tables.check_invariants()
 manager.check_invariants()
@@ -337,13 +343,7 @@ def worker(k):
         errors.append(f"thread {k}: {type(e).__name__}: {e}")
 
 
-threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-assert not errors, errors
-assert not unexpected, unexpected[:5]
+run_workers(worker)
 for pool in (adaptive, priority):
     pool.check_invariants()
     assert pool.get_num_pinned_blocks() == 0 and pool.get_num_free_blocks() == 2047
