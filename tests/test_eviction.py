@@ -250,3 +250,24 @@ def test_adaptive_remembers_uses_across_an_eviction(pool_cls: Any) -> None:
     order = pool.free_block_ids().tolist()
     assert order[-1] == again
     pool.check_invariants()
+
+
+def test_ghost_fingerprints_equal_the_references() -> None:
+    """The ghost table's sets and tags come from the fingerprint: the Rust pool's and the
+    reference's agree on every key width, group and shape (structured keys among them), so the
+    two tables replace and forget the same records."""
+    from kvpool.reference.eviction import ghost_fingerprint as reference_fingerprint
+
+    rng = np.random.default_rng(7)
+    keys_ = [rng.bytes(int(w)) for w in rng.integers(1, 33, 200)]
+    keys_ += [i.to_bytes(w, order) for w in (8, 16, 32) for order in ("big", "little") for i in range(0, 4096, 37)]
+    keys_ += [b"\0" * 32, b"\xff" * 32, b"\x01"]
+    for key in keys_:
+        for group in (0, 1, 7, 2**32 - 1):
+            assert kvpool.ghost_fingerprint(key, group) == reference_fingerprint((key, group)), (key, group)
+    with pytest.raises(DtypeError):
+        kvpool.ghost_fingerprint("not bytes")  # type: ignore[arg-type]
+    with pytest.raises(kvpool.HashWidthError):
+        kvpool.ghost_fingerprint(b"")
+    with pytest.raises(InvalidArgumentError):
+        kvpool.ghost_fingerprint(b"x", -1)

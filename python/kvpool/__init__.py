@@ -36,6 +36,7 @@ from kvpool._core import (
     __version__,
     compute_none_hash,
     encode_hash_input,
+    ghost_fingerprint,
     hash_value,
 )
 from kvpool.stats import PrefixCacheStats
@@ -78,5 +79,6 @@ __all__ = [
     "__version__",
     "compute_none_hash",
     "encode_hash_input",
+    "ghost_fingerprint",
     "hash_value",
 ]

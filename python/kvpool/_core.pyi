@@ -378,6 +378,11 @@ def encode_hash_input(value: object, hash_algo: _HashAlgoName | None = None) -> 
     """
 def hash_value(value: object, hash_algo: _HashAlgoName | None = None) -> bytes:
     """``H(value)`` with ``hash_algo``, as vLLM's hash functions compute it."""
+def ghost_fingerprint(block_hash: bytes, group: int | None = None) -> int:
+    """The fingerprint by which the adaptive policy's ghost table knows the key
+    ``(block_hash, group)``: what ``kvpool.reference`` computes in plain Python, so
+    that the two tables agree way for way.
+    """
 
 _RequestId = str | int
 

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt};
 
 use super::convert::{opt_int_arg, opt_str_arg, type_name};
-use super::errors::{error, ErrorKind};
+use super::errors::{error, ErrorKind, IntoPyResult};
 use crate::pool::{BlockPriority, EvictionPolicy, MAX_PRIORITY};
 
 /// The constructor arguments a pool and a manager share: ``eviction=``,
@@ -138,4 +138,31 @@ impl PriorityArg {
             expires_at: self.duration_s.map(|d| now + d),
         }
     }
+}
+
+/// The fingerprint by which the adaptive policy's ghost table knows the key
+/// ``(block_hash, group)``: what ``kvpool.reference`` computes in plain Python, so
+/// that the two tables agree way for way.
+#[pyfunction]
+#[pyo3(signature = (block_hash, group=None))]
+pub fn ghost_fingerprint(
+    block_hash: &Bound<'_, PyAny>,
+    group: Option<&Bound<'_, PyAny>>,
+) -> PyResult<u64> {
+    let py = block_hash.py();
+    let bytes = block_hash
+        .cast::<pyo3::types::PyBytes>()
+        .map_err(|_| {
+            error(
+                py,
+                ErrorKind::Dtype,
+                format!("block_hash must be bytes, got {}", type_name(block_hash)),
+            )
+        })?
+        .as_bytes();
+    let group = opt_int_arg(group, "group", 0, i64::from(u32::MAX))?.unwrap_or(0) as u32;
+    let hash = crate::pool::BlockHash::new(bytes).py_err(py)?;
+    Ok(crate::pool::ghost_fingerprint(
+        &crate::pool::BlockHashKey::new(hash, group),
+    ))
 }

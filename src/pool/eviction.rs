@@ -178,16 +178,30 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The fingerprint the ghost table knows a key by: splitmix64 folded over the key's
-/// width and group, then its four hash words. Deterministic, so that the plain-Python
-/// reference computes the same; a collision only blurs a use count, never a cost.
+/// Odd multipliers, one per hash word, for [`ghost_fingerprint`].
+const WORD_MULTIPLIERS: [u64; 4] = [
+    0x9E37_79B9_7F4A_7C15,
+    0xC2B2_AE3D_27D4_EB4F,
+    0x1656_67B1_9E37_79F9,
+    0xD6E8_FEB8_6659_FD93,
+];
+
+/// The fingerprint the ghost table knows a key by: each of the key's four hash words
+/// times an odd constant of its own (a bijection of the word), the products and the
+/// key's width and group folded by xor, then splitmix64's finaliser over the fold.
+/// The four products are independent, so they run side by side: a third of the
+/// latency of folding splitmix64 word by word, which this replaced. Deterministic,
+/// so that the plain-Python reference computes the same; a collision only blurs a
+/// use count, never a cost.
 #[inline]
 pub fn ghost_fingerprint(key: &BlockHashKey) -> u64 {
-    let mut h = ((key.hash.width() as u64) << 32) | u64::from(key.group);
-    for w in key.hash.words() {
-        h = splitmix64(h ^ w);
-    }
-    h
+    let w = key.hash.words();
+    let folded = ((key.hash.width() as u64) << 32 | u64::from(key.group))
+        ^ w[0].wrapping_mul(WORD_MULTIPLIERS[0])
+        ^ w[1].wrapping_mul(WORD_MULTIPLIERS[1])
+        ^ w[2].wrapping_mul(WORD_MULTIPLIERS[2])
+        ^ w[3].wrapping_mul(WORD_MULTIPLIERS[3]);
+    splitmix64(folded)
 }
 
 /// Ghost-table lines touched ahead at once: enough misses in flight to overlap,

@@ -80,15 +80,19 @@ def _splitmix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
+_WORD_MULTIPLIERS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
+
+
 def ghost_fingerprint(key: HashKey) -> int:
-    """splitmix64 folded over the key's width and group, then its 32 bytes (zero-padded) as four
-    little-endian words: the Rust pool's ``ghost_fingerprint``."""
+    """The key's 32 bytes (zero-padded) as four little-endian words, each times an odd constant of
+    its own, xored together with the key's width and group, then splitmix64's finaliser: the Rust
+    pool's ``ghost_fingerprint``."""
     block_hash, group = key
     padded = block_hash.ljust(32, b"\0")
-    h = (len(block_hash) << 32) | group
-    for i in range(0, 32, 8):
-        h = _splitmix64(h ^ int.from_bytes(padded[i : i + 8], "little"))
-    return h
+    folded = (len(block_hash) << 32) | group
+    for i, multiplier in zip(range(0, 32, 8), _WORD_MULTIPLIERS):
+        folded ^= (int.from_bytes(padded[i : i + 8], "little") * multiplier) & MASK64
+    return _splitmix64(folded)
 
 
 class Ghosts:
