@@ -11,16 +11,17 @@
 //!   carries a priority `0..=100` (default 35), optionally with a duration after
 //!   which it reverts to the default. One list per priority; the lowest non-empty
 //!   priority goes first, LRU within it. O(1) per block; an expiry costs O(log n).
-//! - [`EvictionPolicy::Adaptive`]: frequency-weighted recency. A block's *uses*
-//!   count the requests that cached or hit it, remembered across evictions by a
-//!   ghost table of recently evicted keys (two per block of the pool). A freed
-//!   block of `u` uses joins band `b = min(u, 5) - 1` with credit `t + bonus(b)`,
-//!   where `t` counts the cached blocks freed so far and `bonus(b) = 0.75 *
-//!   num_blocks * log2(1 + b)`: a block used more often stays as if it had been
-//!   freed that much later. Eviction takes the band head with the lowest credit
-//!   (each band is in `t` order, so its head is its minimum). With every bonus 0
-//!   this is LRU; the bonus is bounded, so no block stays forever (no LFU
-//!   pollution). O(1) per block (five heads compared, one ghost-table operation).
+//! - [`EvictionPolicy::Adaptive`]: recency with a horizon for reused blocks. A
+//!   block's *uses* count the requests that cached or hit it, remembered across
+//!   evictions by a ghost table of recently evicted keys (for the last
+//!   `max(num_blocks, MIN_GHOST_WINDOW)` evictions). A freed block used once joins
+//!   band 0 with credit `t`, one used by two or more requests band 1 with credit
+//!   `t + ADAPTIVE_HORIZON`, where `t` counts the cached blocks freed so far: a
+//!   reused block stays as if it had been freed `ADAPTIVE_HORIZON` blocks later.
+//!   Eviction takes the band head with the lower credit (each band is in `t`
+//!   order, so its head is its minimum). With a horizon of 0 this is LRU; the
+//!   horizon is bounded, so a block that stops being used does age out (no LFU
+//!   pollution). O(1) per block (two heads compared, one ghost-table operation).
 //!   The measurements behind the choice, and the alternatives tried, are in
 //!   `docs/eviction.md`.
 
@@ -36,24 +37,35 @@ use super::hash_key::BlockHashKey;
 pub const DEFAULT_PRIORITY: u8 = 35;
 /// The highest retention priority.
 pub const MAX_PRIORITY: u8 = 100;
-/// Use-count bands of the adaptive policy.
-pub const ADAPTIVE_BANDS: usize = 5;
-/// `1000 * log2(1 + b)` for each band `b`, rounded: the adaptive policy's bonus
-/// curve in integers, so that every implementation computes the same credits.
-pub const BAND_LOG2_MILLI: [u64; ADAPTIVE_BANDS] = [0, 1000, 1585, 2000, 2322];
-/// The adaptive policy's bonus scale: `bonus(b) = num_blocks * log2(1 + b) *
-/// BONUS_NUM / BONUS_DEN`.
-pub const BONUS_NUM: u64 = 3;
-/// See [`BONUS_NUM`].
-pub const BONUS_DEN: u64 = 4;
+/// Use-count bands of the adaptive policy: blocks used by one request, and by two
+/// or more.
+pub const ADAPTIVE_BANDS: usize = 2;
+/// How much later than it was a block used by two or more requests counts as freed,
+/// in cached blocks freed: the adaptive policy's one parameter, chosen by measurement
+/// on the Mooncake traces (`docs/eviction.md`).
+pub const ADAPTIVE_HORIZON: u64 = 20_000;
+/// The adaptive policy's credit bonus of each band.
+pub const BAND_BONUSES: [u64; ADAPTIVE_BANDS] = [0, ADAPTIVE_HORIZON];
 
-/// The adaptive policy's credit bonus of each band for a pool of `num_blocks`.
-pub fn band_bonuses(num_blocks: u32) -> [u64; ADAPTIVE_BANDS] {
-    BAND_LOG2_MILLI.map(|l| u64::from(num_blocks) * l * BONUS_NUM / (BONUS_DEN * 1000))
+/// The fewest evictions a ghost record of the adaptive policy counts for; a pool of
+/// more blocks keeps records for as many evictions as it has blocks. Small pools
+/// need the longer memory: a conversation's next turn comes hundreds of requests
+/// later, long after a small pool has evicted the turn before.
+pub const MIN_GHOST_WINDOW: u32 = 8_000;
+
+/// Ghost-table slots the adaptive policy keeps per eviction of its window.
+pub const GHOSTS_PER_BLOCK: usize = 4;
+
+/// The evictions a ghost record of a pool of `num_blocks` counts for.
+pub fn ghost_window(num_blocks: u32) -> u32 {
+    num_blocks.max(MIN_GHOST_WINDOW)
 }
 
-/// Ghost-table slots the adaptive policy keeps per block of the pool.
-pub const GHOSTS_PER_BLOCK: usize = 2;
+/// The ghost-table slots asked for by a pool of `num_blocks` (rounded up to whole
+/// sets of a power-of-two count by the table).
+pub fn ghost_slots(num_blocks: u32) -> usize {
+    (ghost_window(num_blocks) as usize).saturating_mul(GHOSTS_PER_BLOCK)
+}
 
 /// Which cached free block is evicted first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,7 +75,8 @@ pub enum EvictionPolicy {
     Lru,
     /// Lowest retention priority first, least recently freed within a priority.
     Priority,
-    /// Frequency-weighted recency; see the module docs.
+    /// Recency with a horizon for blocks used by two or more requests; see the
+    /// module docs.
     Adaptive,
 }
 
@@ -503,7 +516,7 @@ impl Eviction {
             next_seq: 0,
             adaptive: Vec::new(),
             tick: 0,
-            bonus: band_bonuses(num_blocks),
+            bonus: BAND_BONUSES,
             ghosts: Ghosts::default(),
         };
         match policy {
@@ -523,7 +536,7 @@ impl Eviction {
             EvictionPolicy::Adaptive => {
                 state.adaptive.try_reserve_exact(n).map_err(|_| side(8))?;
                 state.adaptive.resize(n, 0);
-                state.ghosts = Ghosts::new(n.saturating_mul(GHOSTS_PER_BLOCK), num_blocks)?;
+                state.ghosts = Ghosts::new(ghost_slots(num_blocks), ghost_window(num_blocks))?;
             }
         }
         Ok(state)

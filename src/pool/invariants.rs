@@ -222,7 +222,7 @@ impl BlockPool {
                     last = credit;
                 }
             }
-            let capacity = (self.config.num_blocks as usize * super::eviction::GHOSTS_PER_BLOCK)
+            let capacity = super::eviction::ghost_slots(self.config.num_blocks)
                 .div_ceil(super::eviction::GHOST_WAYS)
                 .next_power_of_two()
                 * super::eviction::GHOST_WAYS;

@@ -51,8 +51,9 @@ pub use error::{PoolError, PoolResult};
 pub use events::{EventExtraKey, PoolEvent};
 pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
 pub use eviction::{
-    band_bonuses, ghost_fingerprint, BlockPriority, Clock, Eviction, EvictionPolicy,
-    ADAPTIVE_BANDS, BAND_LOG2_MILLI, DEFAULT_PRIORITY, GHOSTS_PER_BLOCK, MAX_PRIORITY,
+    ghost_fingerprint, ghost_slots, ghost_window, BlockPriority, Clock, Eviction, EvictionPolicy,
+    ADAPTIVE_BANDS, ADAPTIVE_HORIZON, BAND_BONUSES, DEFAULT_PRIORITY, GHOSTS_PER_BLOCK,
+    MAX_PRIORITY, MIN_GHOST_WINDOW,
 };
 pub use free_queue::{FreeQueue, FrontBatch, ListOrder, Place, QueueParts};
 pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};

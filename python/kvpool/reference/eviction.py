@@ -9,12 +9,11 @@ policy decides which. Each policy keeps the cached free blocks in LRU lists (*cl
   first. A priority with a duration reverts to the default (35) when it runs out: a free block
   whose priority ran out moves to the tail of the default list, in expiry order, the next time
   allocation reaches the lists or ``free_block_ids`` is read.
-* ``"adaptive"``: five bands by use count; a block freed with ``u`` uses joins band
-  ``b = min(u, 5) - 1`` with credit ``t + bonus(b)`` (``t`` counts the cached blocks freed so far,
-  ``bonus(b) = num_blocks * round(1000 * log2(1 + b)) * 3 // 4000``); the band head with the lowest
-  credit goes first (the lowest band on a tie). Uses survive eviction in a ghost table
-  (:class:`Ghosts`: ``2 * num_blocks`` ways in 8-way sets) that forgets a record ``num_blocks``
-  evictions after writing it.
+* ``"adaptive"``: two bands by use count; a block freed after one use joins band 0 with credit
+  ``t``, one used by two or more requests band 1 with credit ``t + ADAPTIVE_HORIZON`` (``t``
+  counts the cached blocks freed so far); the band head with the lower credit goes first (band 0
+  on a tie). Uses survive eviction in a ghost table (:class:`Ghosts`: ``4 * W`` ways in 8-way
+  sets) that forgets a record ``W = max(num_blocks, 8000)`` evictions after writing it.
 """
 
 from __future__ import annotations
@@ -29,7 +28,8 @@ from kvpool.reference.free_queue import FreeQueue
 
 __all__ = [
     "ADAPTIVE_BANDS",
-    "BAND_LOG2_MILLI",
+    "ADAPTIVE_HORIZON",
+    "BAND_BONUSES",
     "DEFAULT_PRIORITY",
     "EVICTION_POLICIES",
     "MAX_PRIORITY",
@@ -37,22 +37,24 @@ __all__ = [
     "Clock",
     "Ghosts",
     "PolicyQueue",
-    "band_bonuses",
+    "ghost_window",
 ]
 
 EVICTION_POLICIES = ("lru", "priority", "adaptive")
 DEFAULT_PRIORITY = 35
 MAX_PRIORITY = 100
-ADAPTIVE_BANDS = 5
-BAND_LOG2_MILLI = (0, 1000, 1585, 2000, 2322)  # round(1000 * log2(1 + b))
-GHOSTS_PER_BLOCK = 2
+ADAPTIVE_BANDS = 2  # blocks used by one request; by two or more
+ADAPTIVE_HORIZON = 20_000  # a reused block counts as freed this many cached blocks later
+BAND_BONUSES = (0, ADAPTIVE_HORIZON)
+MIN_GHOST_WINDOW = 8_000
+GHOSTS_PER_BLOCK = 4
 
 HashKey = tuple[bytes, int]
 
 
-def band_bonuses(num_blocks: int) -> list[int]:
-    """The adaptive policy's credit bonus of each band for a pool of ``num_blocks``."""
-    return [num_blocks * milli * 3 // 4000 for milli in BAND_LOG2_MILLI]
+def ghost_window(num_blocks: int) -> int:
+    """The evictions a ghost record of a pool of ``num_blocks`` counts for."""
+    return max(num_blocks, MIN_GHOST_WINDOW)
 
 
 @dataclass(frozen=True)
@@ -197,8 +199,9 @@ class PolicyQueue:
         self.uses: dict[int, int] = {}
         self.credit: dict[int, int] = {}
         self._tick = 0
-        self._bonus = band_bonuses(num_blocks)
-        self.ghosts = Ghosts(GHOSTS_PER_BLOCK * num_blocks, num_blocks)
+        self._bonus = BAND_BONUSES
+        window = ghost_window(num_blocks)
+        self.ghosts = Ghosts(GHOSTS_PER_BLOCK * window, window)
 
     def now(self) -> float:
         """The pool's clock in seconds."""
