@@ -5,8 +5,9 @@ arrives whole.
 1. ``overhead``: ``KVCacheManager.schedule_step`` on the serving workload with prefix caching
    and events on (100 requests of 700 fresh tokens each step, 16-token blocks: prefill, one
    decode token, free; 4,300 blocks stored a step), the step's events taken each time. Runs
-   alternate between taking them as msgpack and dropping them, and publishing that msgpack
-   (``take_events_msgpack``); then, in rounds of their own, publishing the event objects
+   alternate between taking them as msgpack and dropping them, publishing that msgpack
+   (``take_events_msgpack``, copied once into the replay buffer), and ``publish_from(manager)``
+   (encoded straight into the replay buffer); then, in rounds of their own, publishing the event objects
    (``take_events``, converted and encoded in Python); each run waits until its events are
    sent. Medians of ``--rounds``; the ratio is what publishing adds. The
    subscriber is in the same process (on a 2-core machine its ZeroMQ I/O thread competes with
@@ -78,7 +79,7 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
                                     buffer_steps, buffer_bytes)
         while listener is not None and listener.poll(100) is not None:
             pass
-    names = ("events dropped", "published as bytes", "published as objects")
+    names = ("events dropped", "published as bytes", "published from the manager", "published as objects")
     times: dict[str, list[float]] = {n: [] for n in names}
     blocks = 0
 
@@ -87,7 +88,7 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
         # ``fresh``: a publisher of its own per run, so that no run inherits the buffer's
         # payloads (and their memory) from the runs before it.
         pub = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps,
-                           buffer_bytes=buffer_bytes) if fresh else publisher
+                           buffer_bytes=buffer_bytes, group_specs={0: ("full_attention", None)}) if fresh else publisher
         t0 = time.perf_counter()
         for s, prompts in enumerate(workload):
             serving_step(manager, prompts, s)
@@ -95,6 +96,8 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
                 manager.take_events_msgpack(group_specs={0: ("full_attention", None)})
             elif name == "published as bytes":
                 pub.publish(manager.take_events_msgpack(group_specs={0: ("full_attention", None)}))
+            elif name == "published from the manager":
+                pub.publish_from(manager)
             else:
                 pub.publish(manager.take_events())
         assert pub.flush(120)
@@ -108,7 +111,7 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
     # The byte path races the baseline, interleaved; the object path (5x slower, and hundreds of
     # MB of Python objects that would leave the heap and caches cold for the run after it) is
     # timed in rounds of its own, after them.
-    for pair in (names[:2], names[2:]):
+    for pair in (names[:3], names[3:]):
         for r in range(rounds + 1):
             # Fresh prompts every step, so that every step stores all its blocks (made outside the clock).
             workload = [[rng.integers(1, 50_000, 700) for _ in range(100)] for _ in range(steps)]

@@ -189,3 +189,78 @@ def test_events_listen_records_and_stats_summarises(tmp_path: object) -> None:
     bad = subprocess.run([sys.executable, "-m", "kvpool", "events", "stats", f"{tmp_path}/none"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
+
+
+def serve_request(manager: kvpool.KVCacheManager, rid: str, first_token: int, n: int) -> None:
+    """A request of ``n`` fresh tokens through ``manager``: scheduled, computed, freed."""
+    import numpy as np
+
+    prompt = np.arange(first_token, first_token + n, dtype=np.int64)
+    manager.add_request(rid, prompt)
+    manager.schedule_step([rid], n)
+    manager.free_many([rid])
+
+
+@pytest.mark.parametrize("tokens", [48, 8_000])  # one payload held whole, one for the ring's copier
+def test_publish_from_holds_what_it_sends_encoded_into_the_replay_buffer(tokens: int) -> None:
+    manager = kvpool.KVCacheManager(4_096, 4, enable_events=True)
+    with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", data_parallel_rank=3,
+                      group_specs={0: ("full_attention", None)}) as pub:
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub.endpoint)
+        time.sleep(0.2)
+        sent = []
+        for i in range(3):
+            serve_request(manager, f"r{i}", 100_000 * i, tokens)
+            assert pub.publish_from(manager, ts=float(i))
+            assert sub.poll(5000)
+            _, seq, payload = sub.recv_multipart()
+            assert int.from_bytes(seq, "big") == i
+            sent.append(payload)
+        assert pub.publish_from(manager)  # nothing queued: nothing sent, no number used
+        assert pub.flush()
+        assert pub.stats().sent == 3
+        assert replay(pub, 0) == list(enumerate(sent))
+        # The same bytes as the copying path: vLLM's batch, this publisher's rank.
+        again = kvpool.KVCacheManager(4_096, 4, enable_events=True)
+        serve_request(again, "r0", 0, tokens)
+        assert sent[0] == again.take_events_msgpack(0.0, data_parallel_rank=3,
+                                                     group_specs={0: ("full_attention", None)})
+        batch = wire.decode_batch(sent[0])
+        assert batch.data_parallel_rank == 3 and len(batch.events) >= 1
+        sub.close(linger=0)
+
+
+@pytest.mark.parametrize("owner", ["pool", "manager"])
+def test_take_events_msgpack_into_a_ring_checks_it_before_taking_anything(owner: str) -> None:
+    if owner == "pool":
+        source = kvpool.BlockPool(64, block_size=2, enable_events=True)
+        pool_events(source, 7)  # taken as objects, then one more batch queued
+        ids = source.get_new_blocks(1)
+        source.cache_full_blocks(ids, [bytes(31) + b"\x09"], 0, 1, token_ids=[1, 2])
+    else:
+        source = kvpool.KVCacheManager(64, 2, enable_events=True)
+        serve_request(source, "r", 1, 6)
+    pending = source.num_pending_events
+    ring = kvpool.ReplayRing(8, 1 << 20)
+    ring.append(5, b"x")
+    for bad, error in [
+        (dict(replay=ring, seq=5), kvpool.InvalidArgumentError),  # not above the last batch
+        (dict(replay=ring), kvpool.InvalidArgumentError),  # no batch number
+        (dict(seq=6), kvpool.InvalidArgumentError),  # a number without a ring
+        (dict(replay=object(), seq=6), kvpool.DtypeError),
+        (dict(replay=ring, seq=-1), kvpool.InvalidArgumentError),
+    ]:
+        with pytest.raises(error):
+            source.take_events_msgpack(1.0, **bad)
+        assert source.num_pending_events == pending  # nothing taken
+    payload = source.take_events_msgpack(1.0, replay=ring, seq=6)
+    assert source.num_pending_events == 0
+    assert ring.batches_from(6) == [(6, payload)]
+    # No events: the empty batch is returned and nothing is held.
+    empty = source.take_events_msgpack(2.0, replay=ring, seq=7)
+    assert wire.decode_batch(empty).events == [] and len(ring) == 2
+    ring.close()
+    with pytest.raises(RuntimeError):
+        source.take_events_msgpack(3.0, replay=ring, seq=8)

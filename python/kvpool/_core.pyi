@@ -187,12 +187,18 @@ class BlockPool:
         data_parallel_rank: int | None = None,
         group_specs: dict[int, tuple[str | None, int | None]] | None = None,
         medium: str | None = None,
+        replay: ReplayRing | None = None,
+        seq: int | None = None,
     ) -> bytes:
         """The queued events (the queue is emptied) as the msgpack payload vLLM 0.33's
         publisher sends: one ``EventBatch``, hashes as integers (``kvpool.wire``'s bytes,
         encoded in Rust without a Python object per event and without the GIL). ``ts``
         defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
         kv_cache_spec_sliding_window)``.
+        With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
+        held in the ring as batch ``seq``, encoded straight into its staging buffer (the
+        ring keeps it without copying the payload); the ring's refusal (closed, or
+        ``seq`` not above its last batch) is raised before any event is taken.
         """
     @property
     def max_pending_events(self) -> int:
@@ -711,12 +717,18 @@ class GroupManager:
         data_parallel_rank: int | None = None,
         group_specs: dict[int, tuple[str | None, int | None]] | None = None,
         medium: str | None = None,
+        replay: ReplayRing | None = None,
+        seq: int | None = None,
     ) -> bytes:
         """The queued events (the queue is emptied) as the msgpack payload vLLM 0.33's
         publisher sends: one ``EventBatch``, hashes as integers (``kvpool.wire``'s bytes,
         encoded in Rust without a Python object per event and without the GIL). ``ts``
         defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
         kv_cache_spec_sliding_window)``.
+        With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
+        held in the ring as batch ``seq``, encoded straight into its staging buffer (the
+        ring keeps it without copying the payload); the ring's refusal (closed, or
+        ``seq`` not above its last batch) is raised before any event is taken.
         """
     def reset_prefix_cache(self) -> bool:
         """Clears the prefix cache; ``False`` (nothing changes) while blocks are in use."""
@@ -1127,12 +1139,18 @@ class KVCacheManager:
         data_parallel_rank: int | None = None,
         group_specs: dict[int, tuple[str | None, int | None]] | None = None,
         medium: str | None = None,
+        replay: ReplayRing | None = None,
+        seq: int | None = None,
     ) -> bytes:
         """The queued events (the queue is emptied) as the msgpack payload vLLM 0.33's
         publisher sends: one ``EventBatch``, hashes as integers (``kvpool.wire``'s bytes,
         encoded in Rust without a Python object per event and without the GIL). ``ts``
         defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
         kv_cache_spec_sliding_window)``.
+        With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
+        held in the ring as batch ``seq``, encoded straight into its staging buffer (the
+        ring keeps it without copying the payload); the ring's refusal (closed, or
+        ``seq`` not above its last batch) is raised before any event is taken.
         """
     @property
     def num_pending_events(self) -> int:

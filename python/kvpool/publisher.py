@@ -58,10 +58,12 @@ class ZmqPublisher:
     """PUB (and replay ROUTER) sockets with vLLM 0.33's framing.
 
     ``ZmqPublisher("tcp://*:5557", replay_endpoint="tcp://*:5558", topic="", data_parallel_rank=0)``;
-    ``publish(events)`` takes the payload of ``take_events_msgpack()`` (the fast path: encoded
-    in Rust, nothing left to do but send), kvpool's events (``take_events()``) or
-    :mod:`kvpool.wire` events (both encoded here first). ``group_specs`` maps a group index to
-    its ``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` for event objects.
+    ``publish_from(manager)`` takes a kvpool manager's or pool's queued events and sends them
+    (the fastest path: encoded in Rust straight into the replay buffer). ``publish(events)``
+    takes the payload of ``take_events_msgpack()`` (encoded in Rust, then copied once into the
+    replay buffer), kvpool's events (``take_events()``) or :mod:`kvpool.wire` events (both
+    encoded here first). ``group_specs`` maps a group index to its ``(kv_cache_spec_kind,
+    kv_cache_spec_sliding_window)`` for event objects and for ``publish_from``.
 
     ``publish`` never waits on the network: a PUB socket hands the frames to ZeroMQ's own I/O
     thread and drops them for a subscriber ``hwm`` messages behind, which then asks the replay
@@ -148,6 +150,25 @@ class ZmqPublisher:
             if seq not in self.lose_on_the_wire:
                 self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append(seq, payload)
+            self._sent += 1
+        return True
+
+    def publish_from(self, source: Any, ts: float | None = None) -> bool:
+        """Take the queued events of ``source`` (a ``KVCacheManager``, ``BlockPool`` or
+        ``GroupManager``) as one batch and send it (never waits on the network); an empty
+        batch is not sent. The batch is encoded in Rust straight into the replay buffer, so
+        keeping it for replay costs no copy here. ``ts`` defaults to now. Returns True."""
+        if not self._running:
+            raise RuntimeError("the publisher is closed")
+        with self._lock:
+            seq = self._seq
+            payload = source.take_events_msgpack(ts, data_parallel_rank=self._rank,
+                                                 group_specs=self._group_specs, replay=self._buffer, seq=seq)
+            if _no_events(payload):
+                return True
+            self._seq += 1
+            if seq not in self.lose_on_the_wire:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             self._sent += 1
         return True
 

@@ -157,18 +157,7 @@ impl WireArgs {
         let mut buf = WIRE_SCRATCH.take();
         buf.clear();
         let buf = py.detach(move || {
-            let specs: Vec<(u32, Option<&str>, Option<i64>)> = self
-                .specs
-                .iter()
-                .map(|(g, k, w)| (*g, k.as_deref(), *w))
-                .collect();
-            let batch = crate::pool::WireBatch {
-                ts: self.ts,
-                data_parallel_rank: self.rank,
-                medium: &self.medium,
-                group_specs: &specs,
-            };
-            crate::pool::encode_event_batch(&events, &batch, &mut buf);
+            self.encode_into(&events, &mut buf);
             buf
         });
         let bytes = PyBytes::new(py, &buf);
@@ -176,6 +165,87 @@ impl WireArgs {
             WIRE_SCRATCH.set(buf);
         }
         bytes
+    }
+}
+
+impl WireArgs {
+    /// Appends `events`' batch payload to `buf` (no Python involved).
+    pub fn encode_into(&self, events: &[PoolEvent], buf: &mut Vec<u8>) {
+        let specs: Vec<(u32, Option<&str>, Option<i64>)> = self
+            .specs
+            .iter()
+            .map(|(g, k, w)| (*g, k.as_deref(), *w))
+            .collect();
+        let batch = crate::pool::WireBatch {
+            ts: self.ts,
+            data_parallel_rank: self.rank,
+            medium: &self.medium,
+            group_specs: &specs,
+        };
+        crate::pool::encode_event_batch(events, &batch, buf);
+    }
+}
+
+/// `take_events_msgpack` of a pool, manager or group manager: the arguments read,
+/// then `take` called for the events. With `replay` (a `ReplayRing`) and `seq`, a
+/// batch that has events is also held in the ring as batch `seq`, encoded straight
+/// into one of its staging buffers: the ring keeps it without a copy on this
+/// thread. The ring's refusal (closed, or `seq` not above its last batch) is checked
+/// before any event is taken, so a refused call changes nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn take_encoded<'py>(
+    py: Python<'py>,
+    ts: Option<&Bound<'py, PyAny>>,
+    data_parallel_rank: Option<&Bound<'py, PyAny>>,
+    group_specs: Option<&Bound<'py, PyAny>>,
+    medium: Option<&Bound<'py, PyAny>>,
+    replay: Option<&Bound<'py, PyAny>>,
+    seq: Option<&Bound<'py, PyAny>>,
+    take: impl FnOnce() -> Vec<PoolEvent>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let args = WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
+    let keep = match replay.filter(|r| !r.is_none()) {
+        None => {
+            if seq.is_some_and(|s| !s.is_none()) {
+                return Err(super::errors::error(
+                    py,
+                    super::errors::ErrorKind::InvalidArgument,
+                    "seq is the batch number in replay; give it with replay".to_owned(),
+                ));
+            }
+            None
+        }
+        Some(ring) => {
+            let ring = ring
+                .cast::<super::replay_ring::PyReplayRing>()
+                .map_err(|_| {
+                    super::errors::error(
+                        py,
+                        super::errors::ErrorKind::Dtype,
+                        format!(
+                            "replay must be a kvpool.ReplayRing, got {}",
+                            super::convert::type_name(ring)
+                        ),
+                    )
+                })?;
+            let seq = super::convert::opt_int_arg(seq, "seq", 0, i64::MAX)?.ok_or_else(|| {
+                super::errors::error(
+                    py,
+                    super::errors::ErrorKind::InvalidArgument,
+                    "replay needs seq, the batch's number".to_owned(),
+                )
+            })? as u64;
+            let ring = ring.get();
+            ring.check_next(py, seq)?;
+            Some((ring, seq))
+        }
+    };
+    let events = take();
+    match keep {
+        Some((ring, seq)) if !events.is_empty() => {
+            ring.hold_written(py, seq, |buf| args.encode_into(&events, buf))
+        }
+        _ => Ok(args.encode(py, events)),
     }
 }
 

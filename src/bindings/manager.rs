@@ -563,7 +563,11 @@ impl PyKVCacheManager {
     /// encoded in Rust without a Python object per event and without the GIL). ``ts``
     /// defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
     /// kv_cache_spec_sliding_window)``.
-    #[pyo3(signature = (ts=None, *, data_parallel_rank=None, group_specs=None, medium=None))]
+    /// With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
+    /// held in the ring as batch ``seq``, encoded straight into its staging buffer (the
+    /// ring keeps it without copying the payload); the ring's refusal (closed, or
+    /// ``seq`` not above its last batch) is raised before any event is taken.
+    #[pyo3(signature = (ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None, seq=None))]
     fn take_events_msgpack<'py>(
         &self,
         py: Python<'py>,
@@ -571,11 +575,19 @@ impl PyKVCacheManager {
         data_parallel_rank: Option<&Bound<'py, PyAny>>,
         group_specs: Option<&Bound<'py, PyAny>>,
         medium: Option<&Bound<'py, PyAny>>,
+        replay: Option<&Bound<'py, PyAny>>,
+        seq: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-        let args =
-            super::events::WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
-        let events = self.with_manager(py, |m| m.take_events());
-        Ok(args.encode(py, events))
+        super::events::take_encoded(
+            py,
+            ts,
+            data_parallel_rank,
+            group_specs,
+            medium,
+            replay,
+            seq,
+            || self.with_manager(py, |m| m.take_events()),
+        )
     }
 
     /// Queued KV-cache events, oldest first (the queue is emptied).

@@ -29,6 +29,47 @@ pub struct PyReplayRing {
     ring: ReplayRing,
 }
 
+impl PyReplayRing {
+    /// Raises what ``append`` would raise for batch `seq` now, holding nothing.
+    pub(crate) fn check_next(&self, py: Python<'_>, seq: u64) -> PyResult<()> {
+        py.detach(|| self.ring.check_next(seq))
+            .map_err(|e| append_error(py, e, seq))
+    }
+
+    /// Holds as batch `seq` the payload `write` puts into one of the ring's staging
+    /// buffers (with the GIL released), and returns a copy of it as `bytes`.
+    pub(crate) fn hold_written<'py>(
+        &self,
+        py: Python<'py>,
+        seq: u64,
+        write: impl FnOnce(&mut Vec<u8>) + Send,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let buf = py.detach(|| {
+            let mut buf = self.ring.take_buffer();
+            write(&mut buf);
+            buf
+        });
+        let bytes = PyBytes::new(py, &buf);
+        py.detach(|| self.ring.append_owned(seq, buf))
+            .map_err(|(e, _)| append_error(py, e, seq))?;
+        Ok(bytes)
+    }
+}
+
+/// The Python error of a refused append.
+fn append_error(py: Python<'_>, e: AppendError, seq: u64) -> PyErr {
+    match e {
+        AppendError::Closed => {
+            pyo3::exceptions::PyRuntimeError::new_err("the replay ring is closed")
+        }
+        AppendError::OutOfOrder { last } => error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!("batch numbers must increase: got {seq} after {last}"),
+        ),
+    }
+}
+
 #[pymethods]
 impl PyReplayRing {
     #[new]
@@ -66,17 +107,8 @@ impl PyReplayRing {
         // Copied with the GIL released (the ring's lock may be held by a thread that
         // released it too); `bytes` keeps the immutable object alive meanwhile.
         let data = bytes.as_bytes();
-        match py.detach(|| self.ring.append(seq, data)) {
-            Ok(()) => Ok(()),
-            Err(AppendError::Closed) => Err(pyo3::exceptions::PyRuntimeError::new_err(
-                "the replay ring is closed",
-            )),
-            Err(AppendError::OutOfOrder { last }) => Err(error(
-                py,
-                ErrorKind::InvalidArgument,
-                format!("batch numbers must increase: got {seq} after {last}"),
-            )),
-        }
+        py.detach(|| self.ring.append(seq, data))
+            .map_err(|e| append_error(py, e, seq))
     }
 
     /// The held batches numbered ``first`` or later, oldest first, as ``(seq, bytes)``.

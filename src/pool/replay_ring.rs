@@ -148,45 +148,87 @@ impl ReplayRing {
 
     /// Holds `payload` as batch `seq`, numbered above every batch before it. Returns
     /// at once: one copy, into a reused staging buffer for a payload the copier puts
-    /// in the ring.
+    /// in the ring (see [`append_owned`](Self::append_owned) to skip even that).
     pub fn append(&self, seq: u64, payload: &[u8]) -> Result<(), AppendError> {
+        let mut staging = self.take_buffer();
+        staging.extend_from_slice(payload);
+        self.append_owned(seq, staging).map_err(|(e, _)| e)
+    }
+
+    /// An empty buffer for the next payload: one of the ring's spare staging buffers
+    /// (whose room is already there) when one is free, else a new one. Fill it and
+    /// hand it to [`append_owned`](Self::append_owned), and a payload is held with no
+    /// copy on the caller's thread.
+    pub fn take_buffer(&self) -> Vec<u8> {
+        let mut buffer = lock(&self.shared.state).spare.pop().unwrap_or_default();
+        buffer.clear();
+        buffer
+    }
+
+    /// [`append`](Self::append) of a payload the caller has put in a buffer of its
+    /// own (best one from [`take_buffer`](Self::take_buffer)): the buffer itself is
+    /// queued for the copier, or held, so nothing is copied on this thread. A refused
+    /// batch gives its buffer back with the reason.
+    pub fn append_owned(
+        &self,
+        seq: u64,
+        mut payload: Vec<u8>,
+    ) -> Result<(), (AppendError, Vec<u8>)> {
         let shared = &*self.shared;
-        // One lock section, the copy included (one batch's copy at most: the copier
-        // and readers take the lock only between copies), so that batches queue in
+        let len = payload.len();
+        if !shared.copied(len) && payload.capacity() > 2 * len + 4096 {
+            // Held whole for as long as it is kept: not in a staging buffer's room.
+            let tight = payload.as_slice().to_vec();
+            self.recycle(std::mem::replace(&mut payload, tight));
+        }
+        // One lock section for the order check and the queueing, so batches queue in
         // the order their numbers were checked in.
         let mut state = lock(&shared.state);
         if state.closed {
-            return Err(AppendError::Closed);
+            return Err((AppendError::Closed, payload));
         }
         if let Some(last) = state.last_seq.filter(|&last| seq <= last) {
-            return Err(AppendError::OutOfOrder { last });
+            return Err((AppendError::OutOfOrder { last }, payload));
         }
         state.last_seq = Some(seq);
-        let len = payload.len();
         if !shared.copied(len) && state.pending.is_empty() {
-            let place = Place::Whole(Arc::new(payload.to_vec()));
+            let place = Place::Whole(Arc::new(payload));
             hold(shared, &mut state, Held { seq, len, place });
             return Ok(());
         }
-        // A payload for the ring goes into a reused staging buffer; one held whole
-        // but behind batches still to be copied waits with them (in a buffer of its
-        // own size), held in order by the copier.
-        let bytes = if shared.copied(len) {
-            let mut staging = state.spare.pop().unwrap_or_default();
-            staging.clear();
-            staging.extend_from_slice(payload);
-            staging
-        } else {
-            payload.to_vec()
-        };
+        // A payload for the ring waits for the copier in its own buffer; one held
+        // whole but behind batches still to be copied waits with them, held in order
+        // by the copier.
         let idle = state.pending.is_empty();
         state.pending_bytes += len;
-        state.pending.push_back((seq, Arc::new(bytes)));
+        state.pending.push_back((seq, Arc::new(payload)));
         drop(state);
         if idle {
             shared.changed.notify_all();
         }
         Ok(())
+    }
+
+    /// Whether [`append`](Self::append) would take batch `seq` now (the ring is open
+    /// and `seq` is above every batch appended): a caller about to consume something
+    /// to build the payload checks first.
+    pub fn check_next(&self, seq: u64) -> Result<(), AppendError> {
+        let state = lock(&self.shared.state);
+        if state.closed {
+            return Err(AppendError::Closed);
+        }
+        match state.last_seq.filter(|&last| seq <= last) {
+            Some(last) => Err(AppendError::OutOfOrder { last }),
+            None => Ok(()),
+        }
+    }
+
+    /// Keeps `buffer` as a spare staging buffer if there is room for one.
+    fn recycle(&self, buffer: Vec<u8>) {
+        let mut state = lock(&self.shared.state);
+        if state.spare.len() < SPARE_STAGING {
+            state.spare.push(buffer);
+        }
     }
 
     /// The held batches numbered `first` or later, oldest first.
