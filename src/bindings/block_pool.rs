@@ -625,6 +625,7 @@ impl PyBlockPool {
     /// ring keeps it without copying the payload); the ring's refusal (closed, or
     /// ``seq`` not above its last batch) is raised before any event is taken.
     #[pyo3(signature = (ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None, seq=None))]
+    #[allow(clippy::too_many_arguments)]
     fn take_events_msgpack<'py>(
         &self,
         py: Python<'py>,

@@ -473,6 +473,43 @@ mod tests {
     }
 
     #[test]
+    fn owned_buffers_are_held_as_given_and_refusals_hand_them_back() {
+        // Small payloads are held whole, large ones copied: both through owned buffers.
+        let ring = ReplayRing::with_copy_min(8, 10_000, 500).unwrap();
+        for (seq, len) in [(3, 100), (4, 800), (5, 50), (6, 900)] {
+            let mut buffer = ring.take_buffer();
+            assert!(buffer.is_empty());
+            buffer.extend_from_slice(&payload(seq, len));
+            assert_eq!(ring.check_next(seq), Ok(()));
+            assert_eq!(ring.append_owned(seq, buffer), Ok(()));
+        }
+        assert!(ring.drain(Duration::from_secs(5)));
+        let held = ring.batches_from(0);
+        assert_eq!(
+            held,
+            [(3, 100), (4, 800), (5, 50), (6, 900)]
+                .map(|(seq, len)| (seq, payload(seq, len)))
+                .to_vec()
+        );
+        // A spare staging buffer comes back empty, whatever it held.
+        assert!(ring.take_buffer().is_empty());
+        // Refused: the number is not above the last one; the buffer comes back whole.
+        assert_eq!(ring.check_next(6), Err(AppendError::OutOfOrder { last: 6 }));
+        let refused = ring.append_owned(6, payload(6, 10)).unwrap_err();
+        assert_eq!(
+            refused,
+            (AppendError::OutOfOrder { last: 6 }, payload(6, 10))
+        );
+        ring.close();
+        assert_eq!(ring.check_next(7), Err(AppendError::Closed));
+        assert_eq!(
+            ring.append_owned(7, vec![1]).unwrap_err(),
+            (AppendError::Closed, vec![1])
+        );
+        assert_eq!(ring.len(), 4);
+    }
+
+    #[test]
     fn the_batch_bound_and_mixed_sizes_and_wrapping() {
         // Copy thresholds: everything into the ring; only 200 bytes and more; nothing.
         for copy_min in [0, 200, usize::MAX] {
