@@ -321,8 +321,23 @@ def test_simulate_policies_side_by_side(capsys: pytest.CaptureFixture[str], hand
 
 
 def test_simulate_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
-    status, _, err = run(capsys, "simulate", str(hand_trace), "--policy", "lfu")
-    assert status == 2 and "invalid choice" in err
+    for bad in ("lfu", "lru:5", "adaptive:", "adaptive:-1", "adaptive:x", f"adaptive:{2**40 + 1}"):
+        status, _, err = run(capsys, "simulate", str(hand_trace), "--policy", bad)
+        assert status == 2 and "--policy" in err and bad in err, bad
+
+
+@needs_core
+def test_simulate_compares_adaptive_horizons(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    """``adaptive:H`` is the adaptive policy with horizon ``H``: ``adaptive:0`` gives LRU's
+    counts, and the default horizon's row is ``adaptive``'s."""
+    status, out, _ = run(capsys, "simulate", str(hand_trace), "--capacity-blocks", "4", "2", "--policy", "lru",
+                         "adaptive", "adaptive:0", "adaptive:20000", "adaptive:3", "--json", "--quiet")
+    assert status == 0
+    hits = {(r["policy"], r["capacity_blocks"]): r["hit_blocks"] for r in json_lines(out)}
+    for c in (4, 2):
+        assert hits[("adaptive:0", c)] == hits[("lru", c)]
+        assert hits[("adaptive:20000", c)] == hits[("adaptive", c)]
+        assert ("adaptive:3", c) in hits
 
 
 @needs_core

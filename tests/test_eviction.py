@@ -271,3 +271,43 @@ def test_ghost_fingerprints_equal_the_references() -> None:
         kvpool.ghost_fingerprint(b"")
     with pytest.raises(InvalidArgumentError):
         kvpool.ghost_fingerprint(b"x", -1)
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_the_adaptive_horizon_is_how_long_a_reused_block_is_kept(pool_cls: Any) -> None:
+    """A horizon of 0 is LRU's order; the default keeps a reused prefix through a scan; a
+    horizon shorter than the scan lets it go once the scan's blocks are newer by more."""
+    kept = {}
+    for horizon in (None, 0, 10, 40):
+        pool = pool_cls(33, eviction="adaptive", adaptive_horizon=horizon)
+        assert pool.adaptive_horizon == (20_000 if horizon is None else horizon)
+        for _ in range(3):
+            serve(pool, [1, 2, 3, 4])
+        # 56 blocks used once, in 7-block requests: 28 of them evict (the pool has 32
+        # usable blocks). Each eviction takes the band head of lowest credit: a scan block's
+        # credit is when it was freed (ticks 13-40 for those evicted), a prefix block's
+        # when it was last freed (9-12) plus the horizon.
+        for i in range(8):
+            serve(pool, [100 + 10 * i + j for j in range(7)])
+        kept[horizon] = cached(pool, [1, 2, 3, 4])
+        pool.check_invariants()
+    assert kept == {None: 4, 0: 0, 10: 0, 40: 4}
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+@pytest.mark.parametrize("manager", [False, True])
+def test_adaptive_horizon_arguments_are_checked(pool_cls: Any, manager: bool) -> None:
+    def build(**kwargs: Any) -> Any:
+        if manager:
+            cls = kvpool.KVCacheManager if pool_cls is kvpool.BlockPool else kvpool.reference.KVCacheManager
+            return cls(16, 4, **kwargs)
+        return pool_cls(16, **kwargs)
+
+    assert build(eviction="adaptive", adaptive_horizon=2**40).adaptive_horizon == 2**40
+    for bad, error in [(-1, InvalidArgumentError), (2**40 + 1, InvalidArgumentError), ("5", DtypeError),
+                       (1.5, DtypeError), (True, DtypeError)]:
+        with pytest.raises(error):
+            build(eviction="adaptive", adaptive_horizon=bad)
+    for other in (None, "lru", "priority"):  # it would be ignored there, so it is refused
+        with pytest.raises(InvalidArgumentError, match="adaptive_horizon"):
+            build(eviction=other, adaptive_horizon=5)

@@ -72,6 +72,7 @@ def observe(m: Any) -> dict[str, Any]:
         "pinned": m.get_num_pinned_blocks(),
         "now": m.now,
         "eviction": m.eviction,
+        "adaptive_horizon": m.adaptive_horizon,
         "pending": m.num_pending_events,
         "dropped": m.num_dropped_events,
         "events": m.take_events(),
@@ -140,6 +141,9 @@ class ManagerComparison(RuleBasedStateMachine):
             "eviction": eviction,
             "clock": "manual",
             "max_pinned_blocks": data.draw(st.sampled_from([None, 0, 2]), label="pin budget"),
+            # Small horizons, so that the adaptive policy's bands interleave in small pools.
+            "adaptive_horizon": data.draw(st.sampled_from([None, 0, 1, 5, 30]), label="horizon")
+            if eviction == "adaptive" else None,
             "enable_caching": caching,
             "hash_algo": hash_algo,
             "enable_events": True,

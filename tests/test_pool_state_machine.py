@@ -131,10 +131,13 @@ class PoolComparison(RuleBasedStateMachine):
         max_pending_events=st.sampled_from([None, None, 1, 2]),
         eviction=st.sampled_from(["lru", "priority", "adaptive"]),
         max_pinned_blocks=st.sampled_from([None, 0, 3]),
+        # Small horizons, so that the adaptive policy's two bands interleave in pools this
+        # small (the default, 20,000 blocks freed, always puts reused blocks last).
+        adaptive_horizon=st.sampled_from([None, 0, 1, 5, 30]),
     )
     def build(self, num_blocks: int, enable_caching: bool, null_block: bool, block_size: int,
               hash_width: int | None, max_pending_events: int | None, eviction: str,
-              max_pinned_blocks: int | None) -> None:
+              max_pinned_blocks: int | None, adaptive_horizon: int | None) -> None:
         kwargs = dict(
             enable_caching=enable_caching,
             null_block=null_block,
@@ -145,6 +148,7 @@ class PoolComparison(RuleBasedStateMachine):
             eviction=eviction,
             max_pinned_blocks=None if max_pinned_blocks is None else min(max_pinned_blocks, num_blocks),
             clock="manual",
+            adaptive_horizon=adaptive_horizon if eviction == "adaptive" else None,
         )
         self.subject = self.subject_cls(num_blocks, **kwargs)
         self.oracle = self.oracle_cls(num_blocks, **kwargs)
@@ -154,7 +158,7 @@ class PoolComparison(RuleBasedStateMachine):
         for pool in (self.subject, self.oracle):
             assert pool.check_invariants() is None
         for name in ("num_blocks", "block_size", "enable_caching", "enable_events", "null_block", "hash_width",
-                     "eviction", "clock", "now", "max_pinned_blocks", "num_evictions"):
+                     "eviction", "adaptive_horizon", "clock", "now", "max_pinned_blocks", "num_evictions"):
             assert getattr(self.subject, name) == getattr(self.oracle, name), name
         for method in ("free_block_ids", "ref_counts", "get_num_free_blocks", "get_num_cached_blocks", "get_usage",
                        "get_num_pinned_blocks", "pinned_block_ids"):

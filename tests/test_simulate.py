@@ -359,7 +359,7 @@ def test_belady_is_an_upper_bound_and_matches_a_hand_count() -> None:
     assert result.hit_blocks == 0 + 2 + 2 + 3
 
 
-@pytest.mark.parametrize("policy", ["priority", "adaptive"])
+@pytest.mark.parametrize("policy", ["priority", "adaptive", "adaptive:0", "adaptive:1", "adaptive:3"])
 def test_policies_agree_between_rust_and_reference(policy: str) -> None:
     if not hasattr(kvpool, "BlockPool"):
         pytest.skip("kvpool._core is not built")

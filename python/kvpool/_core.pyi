@@ -66,6 +66,7 @@ class BlockPool:
         eviction: _EvictionName | None = None,
         max_pinned_blocks: int | None = None,
         clock: _ClockName | None = None,
+        adaptive_horizon: int | None = None,
     ) -> BlockPool: ...
     @property
     def num_blocks(self) -> int:
@@ -255,6 +256,12 @@ class BlockPool:
     @property
     def max_pinned_blocks(self) -> int:
         """Most blocks that may be pinned at once."""
+    @property
+    def adaptive_horizon(self) -> int:
+        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
+        20,000): how much later than it was a block two or more requests used counts as
+        freed. Unused by the other policies.
+        """
     @property
     def eviction(self) -> _EvictionName:
         """The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``."""
@@ -626,6 +633,7 @@ class GroupManager:
         eviction: _EvictionName | None = None,
         max_pinned_blocks: int | None = None,
         clock: _ClockName | None = None,
+        adaptive_horizon: int | None = None,
     ) -> GroupManager: ...
     @property
     def num_blocks(self) -> int:
@@ -633,6 +641,12 @@ class GroupManager:
     @property
     def num_groups(self) -> int:
         """Number of KV-cache groups."""
+    @property
+    def adaptive_horizon(self) -> int:
+        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
+        20,000): how much later than it was a block two or more requests used counts as
+        freed. Unused by the other policies.
+        """
     @property
     def eviction(self) -> _EvictionName:
         """The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``."""
@@ -988,6 +1002,7 @@ class KVCacheManager:
         eviction: _EvictionName | None = None,
         max_pinned_blocks: int | None = None,
         clock: _ClockName | None = None,
+        adaptive_horizon: int | None = None,
     ) -> KVCacheManager: ...
     @property
     def num_blocks(self) -> int:
@@ -1033,6 +1048,12 @@ class KVCacheManager:
         """Unpin every pinned block; returns how many there were."""
     def get_num_pinned_blocks(self) -> int:
         """Number of pinned blocks."""
+    @property
+    def adaptive_horizon(self) -> int:
+        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
+        20,000): how much later than it was a block two or more requests used counts as
+        freed. Unused by the other policies.
+        """
     @property
     def eviction(self) -> _EvictionName:
         """The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``."""

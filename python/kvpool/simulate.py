@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.capacity import CapacityUnits
+from kvpool.reference.eviction import EVICTION_POLICIES, MAX_ADAPTIVE_HORIZON
 from kvpool.traces import MOONCAKE_BLOCK_TOKENS, HashIds, Trace, is_prefix_consistent
 
 __all__ = [
@@ -272,11 +273,28 @@ def check_replay_args(capacity: int | None, block_tokens: int) -> None:
         raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
 
 
+def policy_args(policy: str) -> dict[str, Any]:
+    """A pool's eviction arguments for a policy name: ``"lru"``, ``"priority"``,
+    ``"adaptive"``, or ``"adaptive:H"`` for the adaptive policy with a horizon of ``H`` blocks
+    freed (``adaptive_horizon=H``), so that a simulation can compare horizons side by side."""
+    name, sep, horizon = policy.partition(":")
+    if name not in EVICTION_POLICIES or (sep and name != "adaptive"):
+        raise ValueError(f"unknown eviction policy {policy!r}: expected one of {', '.join(EVICTION_POLICIES)}, "
+                         "or adaptive:HORIZON")
+    if not sep:
+        return {"eviction": name}
+    if not horizon.isdigit() or int(horizon) > MAX_ADAPTIVE_HORIZON:
+        raise ValueError(f"adaptive:HORIZON needs a number of blocks from 0 to 2**40, got {policy!r}")
+    return {"eviction": name, "adaptive_horizon": int(horizon)}
+
+
 def replay_pool(impl: Impl, usable: int, block_tokens: int, policy: str) -> PoolLike:
-    """A fresh caching pool of ``usable`` blocks (and the null block) evicting by ``policy``."""
-    if policy == "lru":  # the call as it always was: builds without the eviction argument work too
+    """A fresh caching pool of ``usable`` blocks (and the null block) evicting by ``policy``
+    (a name :func:`policy_args` takes)."""
+    args = policy_args(policy)
+    if args == {"eviction": "lru"}:  # the call as it always was: builds without the eviction argument work too
         return impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens)
-    return impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens, eviction=policy)
+    return impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens, **args)
 
 
 def simulate_one(

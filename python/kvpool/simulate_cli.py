@@ -38,6 +38,7 @@ from kvpool.simulate import (
     get_impl,
     load_pyplot,
     plot_path_problem,
+    policy_args,
     save_plot,
     simulate,
 )
@@ -69,6 +70,15 @@ RATIOS = (
     "tokens or GiB are rounded down to whole blocks; pool_s is pool time only."
 )
 
+
+
+def _policy_name(text: str) -> str:
+    """``--policy``'s argument type: a name :func:`kvpool.simulate.policy_args` takes."""
+    try:
+        policy_args(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 def add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``simulate`` subcommand."""
@@ -108,10 +118,11 @@ def add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                      "--unbounded; without capacities, sweeps 8)")
     sim.add_argument("--impl", choices=IMPL_NAMES, default="kvpool",
                      help="pool implementation (default kvpool)")
-    sim.add_argument("--policy", nargs="+", choices=EVICTION_POLICIES, default=None, metavar="NAME",
+    sim.add_argument("--policy", nargs="+", type=_policy_name, default=None, metavar="NAME",
                      help="eviction policies to compare side by side (" + ", ".join(EVICTION_POLICIES)
-                     + "; default lru alone); in the sequential mode Belady's MIN, the offline bound, is "
-                     "added as the reference line at every bounded capacity")
+                     + ", or adaptive:H for the adaptive policy with a horizon of H blocks freed; default "
+                     "lru alone); in the sequential mode Belady's MIN, the offline bound, is added as the "
+                     "reference line at every bounded capacity")
     sim.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     timed = sim.add_argument_group("timed mode")
     timed.add_argument("--timed", action="store_true",

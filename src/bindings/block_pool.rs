@@ -99,7 +99,7 @@ pub fn max_pending_events_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize>
 #[pymethods]
 impl PyBlockPool {
     #[new]
-    #[pyo3(signature = (num_blocks, *, enable_caching=None, null_block=None, enable_events=None, block_size=None, hash_width=None, max_pending_events=None, eviction=None, max_pinned_blocks=None, clock=None))]
+    #[pyo3(signature = (num_blocks, *, enable_caching=None, null_block=None, enable_events=None, block_size=None, hash_width=None, max_pending_events=None, eviction=None, max_pinned_blocks=None, clock=None, adaptive_horizon=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -113,12 +113,14 @@ impl PyBlockPool {
         eviction: Option<&Bound<'_, PyAny>>,
         max_pinned_blocks: Option<&Bound<'_, PyAny>>,
         clock: Option<&Bound<'_, PyAny>>,
+        adaptive_horizon: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let flag = |obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool| {
             opt_bool_arg(obj, what, default)
         };
         let num_blocks = int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32;
-        let policy = PolicyArgs::extract(py, num_blocks, eviction, max_pinned_blocks, clock)?;
+        let policy = PolicyArgs::extract(py, num_blocks, eviction, max_pinned_blocks, clock)?
+            .with_horizon(py, adaptive_horizon)?;
         let config = PoolConfig {
             num_blocks,
             enable_caching: flag(enable_caching, "enable_caching", true)?,
@@ -130,6 +132,7 @@ impl PyBlockPool {
                 .map(|w| w as usize),
             max_pending_events: max_pending_events_arg(max_pending_events)?,
             eviction: policy.eviction,
+            adaptive_horizon: policy.adaptive_horizon,
             manual_clock: policy.manual_clock,
             max_pinned_blocks: policy.max_pinned_blocks.unwrap_or(num_blocks / 4),
         };
@@ -475,6 +478,14 @@ impl PyBlockPool {
     #[getter]
     fn eviction(&self) -> &'static str {
         self.config.eviction.name()
+    }
+
+    /// The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
+    /// 20,000): how much later than it was a block two or more requests used counts as
+    /// freed. Unused by the other policies.
+    #[getter]
+    fn adaptive_horizon(&self) -> u64 {
+        self.config.adaptive_horizon
     }
 
     /// The clock retention durations run on: ``"monotonic"`` or ``"manual"``.

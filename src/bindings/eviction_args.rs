@@ -18,6 +18,8 @@ pub struct PolicyArgs {
     pub max_pinned_blocks: Option<u32>,
     /// Whether the clock is manual.
     pub manual_clock: bool,
+    /// The adaptive policy's horizon.
+    pub adaptive_horizon: u64,
 }
 
 impl PolicyArgs {
@@ -39,7 +41,32 @@ impl PolicyArgs {
             )?
             .map(|n| n as u32),
             manual_clock: clock_arg(py, clock)?,
+            adaptive_horizon: crate::pool::ADAPTIVE_HORIZON,
         })
+    }
+
+    /// Adds the ``adaptive_horizon=`` argument: blocks freed, ``0..=2**40``, and only
+    /// with ``eviction="adaptive"`` (elsewhere it would be ignored, so it is refused).
+    pub fn with_horizon(
+        mut self,
+        py: Python<'_>,
+        obj: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let max = crate::pool::MAX_ADAPTIVE_HORIZON as i64;
+        if let Some(horizon) = opt_int_arg(obj, "adaptive_horizon", 0, max)? {
+            if self.eviction != EvictionPolicy::Adaptive {
+                return Err(error(
+                    py,
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "adaptive_horizon applies to eviction='adaptive', not '{}'",
+                        self.eviction.name()
+                    ),
+                ));
+            }
+            self.adaptive_horizon = horizon as u64;
+        }
+        Ok(self)
     }
 }
 

@@ -56,7 +56,7 @@ impl PyGroupManager {
 #[pymethods]
 impl PyGroupManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, groups, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, max_in_flight_tokens=None, retention_interval=None, eviction=None, max_pinned_blocks=None, clock=None))]
+    #[pyo3(signature = (num_blocks, block_size, groups, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, max_in_flight_tokens=None, retention_interval=None, eviction=None, max_pinned_blocks=None, clock=None, adaptive_horizon=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -73,14 +73,17 @@ impl PyGroupManager {
         eviction: Option<&Bound<'_, PyAny>>,
         max_pinned_blocks: Option<&Bound<'_, PyAny>>,
         clock: Option<&Bound<'_, PyAny>>,
+        adaptive_horizon: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut config = ManagerConfig::new(
             int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32,
             int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32,
         );
         let policy =
-            PolicyArgs::extract(py, config.num_blocks, eviction, max_pinned_blocks, clock)?;
+            PolicyArgs::extract(py, config.num_blocks, eviction, max_pinned_blocks, clock)?
+                .with_horizon(py, adaptive_horizon)?;
         config.eviction = policy.eviction;
+        config.adaptive_horizon = policy.adaptive_horizon;
         config.manual_clock = policy.manual_clock;
         config.max_pinned_blocks = policy.max_pinned_blocks;
         config.enable_caching = opt_bool_arg(enable_caching, "enable_caching", true)?;
@@ -129,6 +132,14 @@ impl PyGroupManager {
     #[getter]
     fn eviction(&self, py: Python<'_>) -> &'static str {
         self.with_manager(py, |m| m.pool().eviction_policy().name())
+    }
+
+    /// The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
+    /// 20,000): how much later than it was a block two or more requests used counts as
+    /// freed. Unused by the other policies.
+    #[getter]
+    fn adaptive_horizon(&self, py: Python<'_>) -> u64 {
+        self.with_manager(py, |m| m.pool().config().adaptive_horizon)
     }
 
     /// Adds a request: its prompt token ids and extra keys (as ``KVCacheManager``), and

@@ -88,7 +88,7 @@ pub(super) fn manager_token_ids<'a>(
 #[pymethods]
 impl PyKVCacheManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, stats_window=None, max_pending_events=None, eviction=None, max_pinned_blocks=None, clock=None))]
+    #[pyo3(signature = (num_blocks, block_size, *, enable_caching=None, hash_algo=None, seed=None, enable_events=None, max_model_len=None, stats_window=None, max_pending_events=None, eviction=None, max_pinned_blocks=None, clock=None, adaptive_horizon=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -104,9 +104,11 @@ impl PyKVCacheManager {
         eviction: Option<&Bound<'_, PyAny>>,
         max_pinned_blocks: Option<&Bound<'_, PyAny>>,
         clock: Option<&Bound<'_, PyAny>>,
+        adaptive_horizon: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let num_blocks = int_arg(num_blocks, "num_blocks", 1, MAX_BLOCKS as i64)? as u32;
-        let policy = PolicyArgs::extract(py, num_blocks, eviction, max_pinned_blocks, clock)?;
+        let policy = PolicyArgs::extract(py, num_blocks, eviction, max_pinned_blocks, clock)?
+            .with_horizon(py, adaptive_horizon)?;
         let config = ManagerConfig {
             num_blocks,
             block_size: int_arg(block_size, "block_size", 1, u32::MAX as i64)? as u32,
@@ -120,6 +122,7 @@ impl PyKVCacheManager {
             stats_window: opt_int_arg(stats_window, "stats_window", 0, 1 << 32)?.unwrap_or(1000)
                 as usize,
             eviction: policy.eviction,
+            adaptive_horizon: policy.adaptive_horizon,
             manual_clock: policy.manual_clock,
             max_pinned_blocks: policy.max_pinned_blocks,
         };
@@ -246,6 +249,14 @@ impl PyKVCacheManager {
     #[getter]
     fn eviction(&self, py: Python<'_>) -> &'static str {
         self.with_manager(py, |m| m.pool().eviction_policy().name())
+    }
+
+    /// The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
+    /// 20,000): how much later than it was a block two or more requests used counts as
+    /// freed. Unused by the other policies.
+    #[getter]
+    fn adaptive_horizon(&self, py: Python<'_>) -> u64 {
+        self.with_manager(py, |m| m.pool().config().adaptive_horizon)
     }
 
     /// The pool's clock in seconds (since the manager was built, or as advanced).

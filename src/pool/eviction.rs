@@ -44,6 +44,9 @@ pub const ADAPTIVE_BANDS: usize = 2;
 /// in cached blocks freed: the adaptive policy's one parameter, chosen by measurement
 /// on the Mooncake traces (`docs/eviction.md`).
 pub const ADAPTIVE_HORIZON: u64 = 20_000;
+/// The largest horizon a pool takes: credits (the clock plus the horizon) live in 56
+/// bits, and this leaves the clock 2^55 blocks freed.
+pub const MAX_ADAPTIVE_HORIZON: u64 = 1 << 40;
 /// The adaptive policy's credit bonus of each band.
 pub const BAND_BONUSES: [u64; ADAPTIVE_BANDS] = [0, ADAPTIVE_HORIZON];
 
@@ -540,6 +543,17 @@ impl Eviction {
             }
         }
         Ok(state)
+    }
+
+    /// The adaptive policy with `horizon` in place of [`ADAPTIVE_HORIZON`].
+    pub fn with_horizon(mut self, horizon: u64) -> Self {
+        self.bonus = [0, horizon];
+        self
+    }
+
+    /// The adaptive policy's horizon (see [`ADAPTIVE_HORIZON`]).
+    pub fn horizon(&self) -> u64 {
+        self.bonus[1]
     }
 
     /// The policy.

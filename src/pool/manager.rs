@@ -45,6 +45,8 @@ pub struct ManagerConfig {
     pub stats_window: usize,
     /// Which cached free block is evicted first.
     pub eviction: super::EvictionPolicy,
+    /// The adaptive policy's horizon ([`PoolConfig::adaptive_horizon`]).
+    pub adaptive_horizon: u64,
     /// Run retention durations on a clock the caller advances.
     pub manual_clock: bool,
     /// Most blocks that may be pinned at once; `None`: a quarter of the blocks.
@@ -65,6 +67,7 @@ impl ManagerConfig {
             max_model_len: None,
             stats_window: 1000,
             eviction: super::EvictionPolicy::Lru,
+            adaptive_horizon: super::ADAPTIVE_HORIZON,
             manual_clock: false,
             max_pinned_blocks: None,
         }
@@ -80,6 +83,7 @@ impl ManagerConfig {
         pool.max_pending_events = self.max_pending_events;
         pool.hash_width = Some(self.hash_algo.digest_len());
         pool.eviction = self.eviction;
+        pool.adaptive_horizon = self.adaptive_horizon;
         pool.manual_clock = self.manual_clock;
         if let Some(budget) = self.max_pinned_blocks {
             pool.max_pinned_blocks = budget;

@@ -32,6 +32,7 @@ __all__ = [
     "BAND_BONUSES",
     "DEFAULT_PRIORITY",
     "EVICTION_POLICIES",
+    "MAX_ADAPTIVE_HORIZON",
     "MAX_PRIORITY",
     "BlockPriority",
     "Clock",
@@ -46,6 +47,7 @@ MAX_PRIORITY = 100
 ADAPTIVE_BANDS = 2  # blocks used by one request; by two or more
 ADAPTIVE_HORIZON = 20_000  # a reused block counts as freed this many cached blocks later
 BAND_BONUSES = (0, ADAPTIVE_HORIZON)
+MAX_ADAPTIVE_HORIZON = 1 << 40
 MIN_GHOST_WINDOW = 8_000
 GHOSTS_PER_BLOCK = 4
 
@@ -182,8 +184,10 @@ class PolicyQueue:
     """The free queue under the ``priority`` or ``adaptive`` policy (same interface as
     :class:`FreeQueue`: ``prepend`` for freed uncached blocks, ``extend`` for freed cached ones)."""
 
-    def __init__(self, block_ids: Sequence[int], num_blocks: int, policy: str, clock: Clock) -> None:
-        """All of ``block_ids`` free and uncached, in order."""
+    def __init__(self, block_ids: Sequence[int], num_blocks: int, policy: str, clock: Clock,
+                 adaptive_horizon: int = ADAPTIVE_HORIZON) -> None:
+        """All of ``block_ids`` free and uncached, in order; ``adaptive_horizon`` replaces
+        :data:`ADAPTIVE_HORIZON` as band 1's bonus."""
         assert policy in ("priority", "adaptive")
         self.policy = policy
         self._front = FreeQueue(block_ids)
@@ -199,7 +203,7 @@ class PolicyQueue:
         self.uses: dict[int, int] = {}
         self.credit: dict[int, int] = {}
         self._tick = 0
-        self._bonus = BAND_BONUSES
+        self._bonus = (0, adaptive_horizon)
         window = ghost_window(num_blocks)
         self.ghosts = Ghosts(GHOSTS_PER_BLOCK * window, window)
 

@@ -147,10 +147,11 @@ class KVCacheManager:
         eviction: str | None = None,
         max_pinned_blocks: int | None = None,
         clock: str | None = None,
+        adaptive_horizon: int | None = None,
     ) -> None:
         """Build a manager over a fresh pool of ``num_blocks`` blocks (block 0 is the null block).
 
-        ``eviction``, ``max_pinned_blocks`` and ``clock`` go to the pool (``BlockPool``).
+        ``eviction``, ``max_pinned_blocks``, ``clock`` and ``adaptive_horizon`` go to the pool (``BlockPool``).
 
         Defaults: caching on, ``sha256_cbor``, seed ``"vllm-none-hash"``, events off, no
         ``max_model_len``, statistics window of the last 1000 admitted requests, at most 1,000,000 queued events.
@@ -175,6 +176,7 @@ class KVCacheManager:
             eviction=eviction,
             max_pinned_blocks=max_pinned_blocks,
             clock=clock,
+            adaptive_horizon=adaptive_horizon,
         )
         self._block_size = block_size
         self._hash_algo = algo
@@ -298,6 +300,11 @@ class KVCacheManager:
     def eviction(self) -> str:
         """The eviction policy."""
         return self.pool.eviction
+
+    @property
+    def adaptive_horizon(self) -> int:
+        """The adaptive policy's horizon in blocks freed (unused by the other policies)."""
+        return self.pool.adaptive_horizon
 
     @property
     def now(self) -> float:

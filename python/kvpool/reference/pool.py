@@ -47,7 +47,16 @@ from kvpool._errors import (
     NoFreeBlocksError,
 )
 from kvpool.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
-from kvpool.reference.eviction import DEFAULT_PRIORITY, MAX_PRIORITY, BlockPriority, Clock, PolicyQueue, check_policy
+from kvpool.reference.eviction import (
+    ADAPTIVE_HORIZON,
+    DEFAULT_PRIORITY,
+    MAX_ADAPTIVE_HORIZON,
+    MAX_PRIORITY,
+    BlockPriority,
+    Clock,
+    PolicyQueue,
+    check_policy,
+)
 from kvpool.reference.free_queue import FreeQueue
 from kvpool.reference._args import (
     as_bool_arg,
@@ -94,6 +103,7 @@ class BlockPool:
         eviction: str | None = None,
         max_pinned_blocks: int | None = None,
         clock: str | None = None,
+        adaptive_horizon: int | None = None,
     ) -> None:
         """Create a pool of ``num_blocks`` blocks, all free (except the null block, block 0).
 
@@ -101,6 +111,8 @@ class BlockPool:
         (``kvpool.reference.eviction``); at most ``max_pinned_blocks`` blocks (default
         ``num_blocks // 4``) may be pinned; ``clock`` is ``"monotonic"`` (default) or
         ``"manual"`` (moved by ``advance_clock``), the clock retention durations run on.
+        ``adaptive_horizon`` (``eviction="adaptive"`` only, ``0..=2**40``) replaces the adaptive
+        policy's horizon.
 
         Raises ``DtypeError`` for a non-int / non-bool argument and ``InvalidArgumentError``
         unless ``1 <= num_blocks <= 2**31 - 1``, ``block_size >= 1``, ``hash_width`` is
@@ -120,6 +132,11 @@ class BlockPool:
         check_range(num_blocks, "num_blocks", 1, MAX_NUM_BLOCKS)
         policy = check_policy(eviction)
         manual = _check_clock(clock)
+        horizon = as_opt_int_arg(adaptive_horizon, "adaptive_horizon")
+        if horizon is not None:
+            check_range(horizon, "adaptive_horizon", 0, MAX_ADAPTIVE_HORIZON)
+            if policy != "adaptive":
+                raise InvalidArgumentError(f"adaptive_horizon applies to eviction='adaptive', not '{policy}'")
         pin_budget = as_opt_int_arg(max_pinned_blocks, "max_pinned_blocks")
         if pin_budget is not None:
             check_range(pin_budget, "max_pinned_blocks", 0, num_blocks)
@@ -144,6 +161,7 @@ class BlockPool:
         self._dropped_events = 0
         first = 1 if null_block else 0
         self._eviction = policy
+        self._adaptive_horizon = ADAPTIVE_HORIZON if horizon is None else horizon
         self._clock = Clock(manual)
         self._max_pinned = num_blocks // 4 if pin_budget is None else pin_budget
         self._pins: set[int] = set()
@@ -153,7 +171,8 @@ class BlockPool:
         if policy == "lru":
             self._free_queue = FreeQueue(range(first, num_blocks))
         else:
-            self._policy = PolicyQueue(list(range(first, num_blocks)), num_blocks, policy, self._clock)
+            self._policy = PolicyQueue(list(range(first, num_blocks)), num_blocks, policy, self._clock,
+                                       self._adaptive_horizon)
             self._free_queue = self._policy
 
     # -- properties ---------------------------------------------------------------------------
@@ -192,6 +211,11 @@ class BlockPool:
     def eviction(self) -> str:
         """The eviction policy: ``"lru"``, ``"priority"`` or ``"adaptive"``."""
         return self._eviction
+
+    @property
+    def adaptive_horizon(self) -> int:
+        """The adaptive policy's horizon in blocks freed (unused by the other policies)."""
+        return self._adaptive_horizon
 
     @property
     def clock(self) -> str:
