@@ -31,6 +31,11 @@ def test_the_environment_picks_the_policy(monkeypatch: pytest.MonkeyPatch, group
     assert build(groups)._pool.eviction == "lru"  # type: ignore[attr-defined]
     monkeypatch.setenv("KVPOOL_EVICTION", "adaptive")
     assert build(groups)._pool.eviction == "adaptive"  # type: ignore[attr-defined]
-    monkeypatch.setenv("KVPOOL_EVICTION", "fifo")
-    with pytest.raises(kvpool.InvalidArgumentError, match="eviction"):
-        build(groups)
+    assert build(groups)._pool.adaptive_horizon == 20_000  # type: ignore[attr-defined]
+    monkeypatch.setenv("KVPOOL_EVICTION", "adaptive:500")
+    pool = build(groups)._pool  # type: ignore[attr-defined]
+    assert (pool.eviction, pool.adaptive_horizon) == ("adaptive", 500)
+    for bad in ("fifo", "adaptive:x", "lru:5"):
+        monkeypatch.setenv("KVPOOL_EVICTION", bad)
+        with pytest.raises(kvpool.InvalidArgumentError, match="eviction"):
+            build(groups)
