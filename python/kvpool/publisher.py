@@ -69,7 +69,8 @@ class ZmqPublisher:
     thread and drops them for a subscriber ``hwm`` messages behind, which then asks the replay
     socket for them. A background thread serves replay requests; the replay buffer
     (:class:`kvpool.ReplayRing`) copies each batch into its ring on a thread of its own,
-    so that keeping it costs ``publish`` one copy into a buffer still in cache.
+    so that keeping it costs ``publish`` one copy into a reused staging buffer (and
+    ``publish_from`` none).
 
     Replay serves the last ``buffer_steps`` batches that fit in ``buffer_bytes`` of payload
     (default 256 MiB; the newest batch is always kept); a request from an older sequence
@@ -146,11 +147,8 @@ class ZmqPublisher:
             payload = wire.encode_batch(batch, time.time() if ts is None else ts, self._rank)
         with self._lock:
             seq = self._seq
-            self._seq += 1
-            if seq not in self.lose_on_the_wire:
-                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             self._buffer.append(seq, payload)
-            self._sent += 1
+            self._send(seq, payload)
         return True
 
     def publish_from(self, source: Any, ts: float | None = None) -> bool:
@@ -164,13 +162,16 @@ class ZmqPublisher:
             seq = self._seq
             payload = source.take_events_msgpack(ts, data_parallel_rank=self._rank,
                                                  group_specs=self._group_specs, replay=self._buffer, seq=seq)
-            if _no_events(payload):
-                return True
-            self._seq += 1
-            if seq not in self.lose_on_the_wire:
-                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-            self._sent += 1
+            if not _no_events(payload):
+                self._send(seq, payload)
         return True
+
+    def _send(self, seq: int, payload: bytes) -> None:
+        """Sends batch ``seq`` (already held for replay) on the PUB socket; under the lock."""
+        self._seq = seq + 1
+        if seq not in self.lose_on_the_wire:
+            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+        self._sent += 1
 
     def stats(self) -> PublisherStats:
         """Batches sent, batches and payload bytes held for replay (once the replay buffer's

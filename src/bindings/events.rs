@@ -166,9 +166,7 @@ impl WireArgs {
         }
         bytes
     }
-}
 
-impl WireArgs {
     /// Appends `events`' batch payload to `buf` (no Python involved).
     pub fn encode_into(&self, events: &[PoolEvent], buf: &mut Vec<u8>) {
         let specs: Vec<(u32, Option<&str>, Option<i64>)> = self
@@ -204,42 +202,10 @@ pub fn take_encoded<'py>(
     take: impl FnOnce() -> Vec<PoolEvent>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let args = WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
-    let keep = match replay.filter(|r| !r.is_none()) {
-        None => {
-            if seq.is_some_and(|s| !s.is_none()) {
-                return Err(super::errors::error(
-                    py,
-                    super::errors::ErrorKind::InvalidArgument,
-                    "seq is the batch number in replay; give it with replay".to_owned(),
-                ));
-            }
-            None
-        }
-        Some(ring) => {
-            let ring = ring
-                .cast::<super::replay_ring::PyReplayRing>()
-                .map_err(|_| {
-                    super::errors::error(
-                        py,
-                        super::errors::ErrorKind::Dtype,
-                        format!(
-                            "replay must be a kvpool.ReplayRing, got {}",
-                            super::convert::type_name(ring)
-                        ),
-                    )
-                })?;
-            let seq = super::convert::opt_int_arg(seq, "seq", 0, i64::MAX)?.ok_or_else(|| {
-                super::errors::error(
-                    py,
-                    super::errors::ErrorKind::InvalidArgument,
-                    "replay needs seq, the batch's number".to_owned(),
-                )
-            })? as u64;
-            let ring = ring.get();
-            ring.check_next(py, seq)?;
-            Some((ring, seq))
-        }
-    };
+    let keep = replay_target(py, replay, seq)?;
+    if let Some((ring, seq)) = keep {
+        ring.check_next(py, seq)?;
+    }
     let events = take();
     match keep {
         Some((ring, seq)) if !events.is_empty() => {
@@ -247,6 +213,44 @@ pub fn take_encoded<'py>(
         }
         _ => Ok(args.encode(py, events)),
     }
+}
+
+/// `take_events_msgpack`'s ``replay`` and ``seq``: both or neither.
+fn replay_target<'a, 'py>(
+    py: Python<'py>,
+    replay: Option<&'a Bound<'py, PyAny>>,
+    seq: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<(&'a super::replay_ring::PyReplayRing, u64)>> {
+    let invalid = |what: &str| {
+        super::errors::error(
+            py,
+            super::errors::ErrorKind::InvalidArgument,
+            what.to_owned(),
+        )
+    };
+    let seq = super::convert::opt_int_arg(seq, "seq", 0, i64::MAX)?;
+    let Some(ring) = replay.filter(|r| !r.is_none()) else {
+        return match seq {
+            Some(_) => Err(invalid(
+                "seq is the batch number in replay; give it with replay",
+            )),
+            None => Ok(None),
+        };
+    };
+    let ring = ring
+        .cast::<super::replay_ring::PyReplayRing>()
+        .map_err(|_| {
+            super::errors::error(
+                py,
+                super::errors::ErrorKind::Dtype,
+                format!(
+                    "replay must be a kvpool.ReplayRing, got {}",
+                    super::convert::type_name(ring)
+                ),
+            )
+        })?;
+    let seq = seq.ok_or_else(|| invalid("replay needs seq, the batch's number"))?;
+    Ok(Some((ring.get(), seq as u64)))
 }
 
 thread_local! {

@@ -45,15 +45,15 @@ impl PolicyArgs {
         })
     }
 
-    /// Adds the ``adaptive_horizon=`` argument: blocks freed, ``0..=2**40``, and only
-    /// with ``eviction="adaptive"`` (elsewhere it would be ignored, so it is refused).
+    /// Adds the ``adaptive_horizon=`` argument: blocks freed, and only with
+    /// ``eviction="adaptive"`` (elsewhere it would be ignored, so it is refused). Its
+    /// upper bound is the pool's to check, as for every other setting.
     pub fn with_horizon(
         mut self,
         py: Python<'_>,
         obj: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let max = crate::pool::MAX_ADAPTIVE_HORIZON as i64;
-        if let Some(horizon) = opt_int_arg(obj, "adaptive_horizon", 0, max)? {
+        if let Some(horizon) = opt_int_arg(obj, "adaptive_horizon", 0, i64::MAX)? {
             if self.eviction != EvictionPolicy::Adaptive {
                 return Err(error(
                     py,

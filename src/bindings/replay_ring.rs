@@ -12,9 +12,10 @@ use crate::pool::{AppendError, ReplayRing};
 /// The last ``max_batches`` event payloads within ``max_bytes`` (the newest always
 /// held), for replay to subscribers that missed them.
 ///
-/// ``append`` copies a payload into a reused buffer and returns; a thread of the ring's
-/// own, which never needs the GIL, copies it into the ring, so that keeping it costs
-/// the publishing thread's cache nothing. Oldest batches go first, once more than
+/// ``append`` copies a payload into a reused buffer and returns (``take_events_msgpack(
+/// replay=ring, seq=n)`` encodes into that buffer instead, saving the copy); a thread of
+/// the ring's own, which never needs the GIL, copies it into the ring, so that the cold
+/// writes happen off the publishing thread. Oldest batches go first, once more than
 /// ``max_batches`` are held or a new one needs their bytes.
 ///
 /// Like any object with a thread, make it in the process that uses it, after any

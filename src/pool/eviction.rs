@@ -47,8 +47,6 @@ pub const ADAPTIVE_HORIZON: u64 = 20_000;
 /// The largest horizon a pool takes: credits (the clock plus the horizon) live in 56
 /// bits, and this leaves the clock 2^55 blocks freed.
 pub const MAX_ADAPTIVE_HORIZON: u64 = 1 << 40;
-/// The adaptive policy's credit bonus of each band.
-pub const BAND_BONUSES: [u64; ADAPTIVE_BANDS] = [0, ADAPTIVE_HORIZON];
 
 /// The fewest evictions a ghost record of the adaptive policy counts for; a pool of
 /// more blocks keeps records for as many evictions as it has blocks. Small pools
@@ -497,8 +495,8 @@ pub struct Eviction {
     adaptive: Vec<u64>,
     /// Adaptive: cached blocks freed so far (the policy's clock).
     tick: u64,
-    /// Adaptive: each band's credit bonus.
-    bonus: [u64; ADAPTIVE_BANDS],
+    /// Adaptive: band 1's credit bonus (band 0 has none).
+    horizon: u64,
     ghosts: Ghosts,
 }
 
@@ -519,7 +517,7 @@ impl Eviction {
             next_seq: 0,
             adaptive: Vec::new(),
             tick: 0,
-            bonus: BAND_BONUSES,
+            horizon: ADAPTIVE_HORIZON,
             ghosts: Ghosts::default(),
         };
         match policy {
@@ -547,13 +545,8 @@ impl Eviction {
 
     /// The adaptive policy with `horizon` in place of [`ADAPTIVE_HORIZON`].
     pub fn with_horizon(mut self, horizon: u64) -> Self {
-        self.bonus = [0, horizon];
+        self.horizon = horizon;
         self
-    }
-
-    /// The adaptive policy's horizon (see [`ADAPTIVE_HORIZON`]).
-    pub fn horizon(&self) -> u64 {
-        self.bonus[1]
     }
 
     /// The policy.
@@ -713,7 +706,8 @@ impl Eviction {
                 let band = self.band(id);
                 self.tick += 1;
                 let w = &mut self.adaptive[id as usize];
-                *w = ((self.tick + self.bonus[band]) << 8) | (*w & 0xFF);
+                let bonus = if band == 0 { 0 } else { self.horizon };
+                *w = ((self.tick + bonus) << 8) | (*w & 0xFF);
                 band
             }
         }

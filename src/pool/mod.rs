@@ -52,8 +52,8 @@ pub use events::{EventExtraKey, PoolEvent};
 pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
 pub use eviction::{
     ghost_fingerprint, ghost_slots, ghost_window, BlockPriority, Clock, Eviction, EvictionPolicy,
-    ADAPTIVE_BANDS, ADAPTIVE_HORIZON, BAND_BONUSES, DEFAULT_PRIORITY, GHOSTS_PER_BLOCK,
-    MAX_ADAPTIVE_HORIZON, MAX_PRIORITY, MIN_GHOST_WINDOW,
+    ADAPTIVE_BANDS, ADAPTIVE_HORIZON, DEFAULT_PRIORITY, GHOSTS_PER_BLOCK, MAX_ADAPTIVE_HORIZON,
+    MAX_PRIORITY, MIN_GHOST_WINDOW,
 };
 pub use free_queue::{FreeQueue, FrontBatch, ListOrder, Place, QueueParts};
 pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};

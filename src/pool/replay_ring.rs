@@ -4,10 +4,13 @@
 //! Keeping each step's payload is what publishing costs a scheduler step most: a step
 //! that stores 4,000 blocks makes a 266 kB payload, and holding on to it means writing
 //! 266 kB a step into memory no cache holds, which also pushes the step's own data out
-//! of the core's cache. Here the publishing thread copies the payload into a staging
-//! buffer it reuses (still in its cache) and hands it over; the copier thread copies
-//! it into the ring, so the cold writes happen on the other core. No Python is
-//! involved, so the copier never waits for the GIL.
+//! of the core's cache. Here the publishing thread puts the payload into a staging
+//! buffer the ring reuses (copied by [`ReplayRing::append`], or written there in the
+//! first place through [`ReplayRing::take_buffer`] and [`ReplayRing::append_owned`])
+//! and hands it over; the copier thread copies it into the ring, so the cold writes
+//! happen on the other core. (The staging buffer was last read by the copier, so
+//! writing it still waits on the other core's cache: measured in `docs/events.md`.)
+//! No Python is involved, so the copier never waits for the GIL.
 //!
 //! Batches leave oldest first, once more than `max_batches` are held or a new one needs
 //! their bytes; a payload larger than the ring is held alone, in its staging buffer. A
@@ -62,6 +65,25 @@ struct State {
     /// The last batch number appended.
     last_seq: Option<u64>,
     closed: bool,
+}
+
+impl State {
+    /// Why batch `seq` would be refused now, if it would.
+    fn refusal(&self, seq: u64) -> Option<AppendError> {
+        if self.closed {
+            return Some(AppendError::Closed);
+        }
+        self.last_seq
+            .filter(|&last| seq <= last)
+            .map(|last| AppendError::OutOfOrder { last })
+    }
+
+    /// Keeps `buffer` as a spare staging buffer if there is room for one.
+    fn recycle(&mut self, buffer: Vec<u8>) {
+        if self.spare.len() < SPARE_STAGING {
+            self.spare.push(buffer);
+        }
+    }
 }
 
 /// Why [`ReplayRing::append`] refused a batch (nothing changed).
@@ -179,16 +201,13 @@ impl ReplayRing {
         if !shared.copied(len) && payload.capacity() > 2 * len + 4096 {
             // Held whole for as long as it is kept: not in a staging buffer's room.
             let tight = payload.as_slice().to_vec();
-            self.recycle(std::mem::replace(&mut payload, tight));
+            lock(&shared.state).recycle(std::mem::replace(&mut payload, tight));
         }
         // One lock section for the order check and the queueing, so batches queue in
         // the order their numbers were checked in.
         let mut state = lock(&shared.state);
-        if state.closed {
-            return Err((AppendError::Closed, payload));
-        }
-        if let Some(last) = state.last_seq.filter(|&last| seq <= last) {
-            return Err((AppendError::OutOfOrder { last }, payload));
+        if let Some(refused) = state.refusal(seq) {
+            return Err((refused, payload));
         }
         state.last_seq = Some(seq);
         if !shared.copied(len) && state.pending.is_empty() {
@@ -213,22 +232,7 @@ impl ReplayRing {
     /// and `seq` is above every batch appended): a caller about to consume something
     /// to build the payload checks first.
     pub fn check_next(&self, seq: u64) -> Result<(), AppendError> {
-        let state = lock(&self.shared.state);
-        if state.closed {
-            return Err(AppendError::Closed);
-        }
-        match state.last_seq.filter(|&last| seq <= last) {
-            Some(last) => Err(AppendError::OutOfOrder { last }),
-            None => Ok(()),
-        }
-    }
-
-    /// Keeps `buffer` as a spare staging buffer if there is room for one.
-    fn recycle(&self, buffer: Vec<u8>) {
-        let mut state = lock(&self.shared.state);
-        if state.spare.len() < SPARE_STAGING {
-            state.spare.push(buffer);
-        }
+        lock(&self.shared.state).refusal(seq).map_or(Ok(()), Err)
     }
 
     /// The held batches numbered `first` or later, oldest first.
@@ -376,10 +380,8 @@ fn copy_loop(shared: &Shared) {
         }
         let mut state = lock(&shared.state);
         hold_first_pending(shared, &mut state, Place::Ring(start));
-        if state.spare.len() < SPARE_STAGING {
-            if let Ok(buffer) = Arc::try_unwrap(staging) {
-                state.spare.push(buffer);
-            }
+        if let Ok(buffer) = Arc::try_unwrap(staging) {
+            state.recycle(buffer);
         }
         drop(state);
         shared.changed.notify_all();

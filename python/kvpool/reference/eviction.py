@@ -29,7 +29,6 @@ from kvpool.reference.free_queue import FreeQueue
 __all__ = [
     "ADAPTIVE_BANDS",
     "ADAPTIVE_HORIZON",
-    "BAND_BONUSES",
     "DEFAULT_PRIORITY",
     "EVICTION_POLICIES",
     "MAX_ADAPTIVE_HORIZON",
@@ -46,7 +45,6 @@ DEFAULT_PRIORITY = 35
 MAX_PRIORITY = 100
 ADAPTIVE_BANDS = 2  # blocks used by one request; by two or more
 ADAPTIVE_HORIZON = 20_000  # a reused block counts as freed this many cached blocks later
-BAND_BONUSES = (0, ADAPTIVE_HORIZON)
 MAX_ADAPTIVE_HORIZON = 1 << 40
 MIN_GHOST_WINDOW = 8_000
 GHOSTS_PER_BLOCK = 4
@@ -203,7 +201,7 @@ class PolicyQueue:
         self.uses: dict[int, int] = {}
         self.credit: dict[int, int] = {}
         self._tick = 0
-        self._bonus = (0, adaptive_horizon)
+        self._horizon = adaptive_horizon  # band 1's credit bonus; band 0 has none
         window = ghost_window(num_blocks)
         self.ghosts = Ghosts(GHOSTS_PER_BLOCK * window, window)
 
@@ -279,7 +277,7 @@ class PolicyQueue:
         else:
             cls = min(max(self.uses.get(block_id, 0), 1), ADAPTIVE_BANDS) - 1
             self._tick += 1
-            self.credit[block_id] = self._tick + self._bonus[cls]
+            self.credit[block_id] = self._tick + (self._horizon if cls else 0)
         self._class_of[block_id] = cls
         self._lists[cls].append(block_id)
 
