@@ -126,3 +126,62 @@ def test_threads_share_a_ring_without_deadlock() -> None:
     held = ring.batches_from(0)
     assert held[-1][0] == 299 and len(held) <= 200
     ring.close()
+
+
+def test_threads_encode_a_shared_managers_events_into_one_ring() -> None:
+    # Two threads serve requests on one manager and take its events straight into one ring
+    # (numbers drawn under one Python lock, as the publisher does) while two readers copy
+    # batches out: the manager's lock, the ring's locks and the GIL are taken in every
+    # order, every call finishes, and every block stored is in exactly one held batch.
+    pytest.importorskip("msgspec")
+    from kvpool import wire
+
+    manager = kvpool.KVCacheManager(20_000, 4, enable_events=True)
+    ring = kvpool.ReplayRing(10_000, 64 << 20)
+    order = threading.Lock()
+    next_seq = [0]
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def serve(k: int) -> None:
+        try:
+            for i in range(200):
+                rid = f"t{k}-{i}"
+                prompt = np.arange(10**6 * (2 * i + k), 10**6 * (2 * i + k) + 32, dtype=np.int64)
+                manager.add_request(rid, prompt)
+                manager.schedule_step([rid], 32)
+                manager.free_many([rid])
+                with order:
+                    # The other thread may have taken this request's events already: an
+                    # empty batch is held nowhere and uses no number, as in the publisher.
+                    seq = next_seq[0]
+                    payload = manager.take_events_msgpack(float(seq), replay=ring, seq=seq)
+                    if wire.decode_batch(payload).events:
+                        next_seq[0] += 1
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{type(e).__name__}: {e}")
+
+    def read() -> None:
+        while not stop.is_set():
+            for _, data in ring.batches_from(0):
+                wire.decode_batch(data)
+            ring.drain(0.01)
+
+    threads = [threading.Thread(target=serve, args=(k,)) for k in range(2)]
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in threads + readers:
+        t.start()
+    for t in threads:
+        t.join(120)
+    stop.set()
+    for t in readers:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads + readers), "a thread is stuck"
+    assert errors == []
+    assert ring.drain(5.0)
+    held = ring.batches_from(0)
+    assert [seq for seq, _ in held] == list(range(next_seq[0])) and next_seq[0] > 0
+    blocks = sum(len(e.block_hashes) for _, data in held for e in wire.decode_batch(data).events
+                 if isinstance(e, wire.BlockStored))
+    assert blocks == 400 * 8  # 400 requests of 32 fresh tokens in 4-token blocks
+    ring.close()
