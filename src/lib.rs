@@ -43,6 +43,11 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        // Whether token lists are read in place (`bindings/int_reader.rs`), for tests.
+        m.add(
+            "_reads_ints_in_place",
+            crate::bindings::int_reader::enabled(m.py()),
+        )?;
         crate::bindings::errors::register(m)
     }
 }

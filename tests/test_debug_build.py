@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ["tests/test_bad_input.py", "tests/test_pickle_identity.py", "tests/test_threads.py"]
+TESTS = [
+    "tests/test_bad_input.py", "tests/test_pickle_identity.py", "tests/test_threads.py",
+    "tests/test_int_reader.py",
+]
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cargo") is None or os.environ.get("KVPOOL_SKIP_DEBUG_BUILD") == "1",

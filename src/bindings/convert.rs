@@ -16,6 +16,7 @@ use pyo3::types::{
 };
 
 use super::errors::{error, ErrorKind};
+use super::int_reader;
 use crate::pool::first_out_of_range;
 
 /// True for Python's `bool` and numpy's bool scalar (which numpy before 2.3 lets pass
@@ -171,25 +172,15 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
     if not_a_sequence_of_ints(obj) {
         return Err(dtype_error(obj, what));
     }
+    // Lists and tuples of plain ints are read in place where the interpreter allows
+    // it (`int_reader`); every other item is converted one by one.
+    let item =
+        |item: &Bound<'_, PyAny>| plain_int(item).map_or_else(|| item_i64(item, obj, what), Ok);
     if let Ok(list) = obj.cast::<PyList>() {
-        out.reserve(list.len());
-        for item in list.iter() {
-            out.push(plain_int(&item).map_or_else(|| item_i64(&item, obj, what), Ok)?);
-        }
-        return Ok(());
+        return int_reader::extend_from_list(list, out, item);
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
-        out.reserve(tuple.len());
-        // The stable ABI has no borrowed view of a tuple's items.
-        #[cfg(not(feature = "abi3"))]
-        for item in tuple.as_slice() {
-            out.push(plain_int(item).map_or_else(|| item_i64(item, obj, what), Ok)?);
-        }
-        #[cfg(feature = "abi3")]
-        for item in tuple.iter() {
-            out.push(plain_int(&item).map_or_else(|| item_i64(&item, obj, what), Ok)?);
-        }
-        return Ok(());
+        return int_reader::extend_from_tuple(tuple, out, item);
     }
     if obj.cast::<PyArrayDyn<f64>>().is_ok() {
         return Err(dtype_error(obj, what));

@@ -4,14 +4,16 @@
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
 
 use super::convert::{extract_i64s, int_arg, opt_str_arg, str_arg, type_name, utf8_str, with_i64s};
 use super::errors::{error, ErrorKind};
 pub use super::hash_list::PyBlockHashList;
+use super::int_reader::ListTokens;
 use super::locking::{with_detached, with_lock};
 use crate::pool::hashing::{
-    self, none_hash, BlockHasher, ExtraObjects, HashAlgo, MmFeature, ObjectId, Value, MAX_DEPTH,
+    self, none_hash, BlockHasher, ExtraObjects, HashAlgo, MmFeature, ObjectId, TokenSource, Value,
+    MAX_DEPTH,
 };
 use crate::pool::{HashSlice, SequenceExtras};
 
@@ -380,19 +382,41 @@ impl PyBlockHasher {
     ) -> PyResult<PyBlockHashList> {
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
         let (none, bs, width) = (&self.none_hash, self.block_size, self.algo.digest_len());
-        let chain = |hasher: &mut BlockHasher, tokens: &[i64]| {
-            let mut out = Vec::with_capacity(tokens.len() / bs * width);
-            hasher.update_chain(none, tokens, bs, &extras.inputs(), &mut out);
-            out
+        // A short list without extra keys: its ints are read in place block by block
+        // as they are hashed (no Python code runs, so the lock may be held). Where
+        // that stops (an item that is not a plain int, a token beyond 32 bits), the
+        // list is converted the general way and hashing continues from there.
+        let mut out = Vec::new();
+        if let Some(mut source) = token_ids
+            .cast::<PyList>()
+            .ok()
+            .filter(|list| list.len() <= 4096 && extras.inputs().is_empty())
+            .and_then(ListTokens::new)
+        {
+            out.reserve(source.len() / bs.max(1) * width);
+            with_lock(py, &self.hasher, |hasher| {
+                hasher.extend_plain_chain(none, &mut source, bs, 0, &mut out)
+            });
+            // Done when every block was hashed and the partial tail holds plain ints
+            // too (the general path would refuse anything else).
+            let full = source.len() / bs.max(1);
+            let tail = source.len() - full * bs;
+            if out.len() / width == full && source.tokens(full * bs, tail).is_some() {
+                return Ok(PyBlockHashList::new(out, self.algo));
+            }
+        }
+        let chain = |hasher: &mut BlockHasher, tokens: &[i64], out: &mut Vec<u8>| {
+            out.reserve(tokens.len() / bs.max(1) * width);
+            hasher.update_chain(none, tokens, bs, &extras.inputs(), out);
         };
         // The tokens are converted (or an int64 array borrowed) before the lock is taken.
-        let out = with_i64s(token_ids, "token_ids", |tokens| {
+        with_i64s(token_ids, "token_ids", |tokens| {
             if tokens.len() > 4096 {
                 // Long: hashed with the GIL released, on a copy the caller cannot change.
                 let tokens = tokens.to_vec();
-                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens))
+                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens, &mut out))
             } else {
-                with_lock(py, &self.hasher, |hasher| chain(hasher, tokens))
+                with_lock(py, &self.hasher, |hasher| chain(hasher, tokens, &mut out))
             }
         })?;
         Ok(PyBlockHashList::new(out, self.algo))

@@ -11,6 +11,7 @@ pub mod group_manager;
 pub mod group_tables;
 pub mod hash_list;
 pub mod hashing;
+pub mod int_reader;
 pub mod locking;
 pub mod manager;
 pub mod replay_ring;

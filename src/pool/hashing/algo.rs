@@ -164,6 +164,17 @@ pub struct Digest {
 }
 
 impl Digest {
+    /// A digest of `bytes` (16 or 32 of them).
+    #[inline]
+    pub(super) fn from_bytes(bytes: &[u8]) -> Self {
+        let mut inline = [0u8; MAX_DIGEST_LEN];
+        inline[..bytes.len()].copy_from_slice(bytes);
+        Self {
+            bytes: inline,
+            len: bytes.len() as u8,
+        }
+    }
+
     /// The digest bytes.
     #[inline]
     pub fn as_bytes(&self) -> &[u8] {

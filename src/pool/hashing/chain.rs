@@ -8,6 +8,7 @@ use super::algo::{Digest, Encoding, HashAlgo};
 use super::cbor;
 use super::extra::{BlockExtraKeys, ExtraKeyInputs};
 use super::pickle::PickleWriter;
+use super::plain::{self, TokenSource};
 use super::value::Value;
 
 /// The seed vLLM derives `NONE_HASH` from when `PYTHONHASHSEED` is unset and
@@ -53,6 +54,8 @@ enum Extra<'e> {
 pub struct BlockHasher {
     algo: HashAlgo,
     buf: Vec<u8>,
+    /// The short path's two alternating buffers ([`plain::hash_chain`]).
+    plain_bufs: [Vec<u8>; 2],
 }
 
 impl BlockHasher {
@@ -61,6 +64,7 @@ impl BlockHasher {
         Self {
             algo,
             buf: Vec::with_capacity(256),
+            plain_bufs: [Vec::new(), Vec::new()],
         }
     }
 
@@ -157,10 +161,19 @@ impl BlockHasher {
         }
         out.reserve((end_block - start_block) * self.algo.digest_len());
         let plain = extra.is_empty();
-        let mut cursor = extra.mm_cursor(start_block, block_size);
         let mut prev: Option<Digest> = None;
         let mut hashed = 0;
-        // start_block < end_block <= tokens.len() / block_size: the slice is in bounds.
+        if plain {
+            // The short path, up to the first block it cannot take (if any).
+            hashed =
+                self.extend_plain_chain(parent, &mut &tokens[..], block_size, start_block, out);
+            if hashed > 0 {
+                prev = Some(Digest::from_bytes(&out[out.len() - parent.len()..]));
+            }
+        }
+        let start_block = start_block + hashed;
+        let mut cursor = extra.mm_cursor(start_block, block_size);
+        // start_block <= end_block <= tokens.len() / block_size: the slice is in bounds.
         let blocks =
             tokens[start_block * block_size..end_block * block_size].chunks_exact(block_size);
         for (block_index, block) in (start_block..).zip(blocks) {
@@ -179,6 +192,45 @@ impl BlockHasher {
             hashed += 1;
         }
         hashed
+    }
+
+    /// Hashes blocks `start_block..` of a request without extra keys, reading its
+    /// tokens from `source`, on the short path (no extra keys, tokens in the 32-bit
+    /// range): appends each digest to `out` and stops before the first block that
+    /// is not full, not plain or not given by `source`. Returns how many it hashed;
+    /// [`Self::extend_chain`] continues from there.
+    ///
+    /// `parent` is the digest of block `start_block - 1`, or `NONE_HASH`.
+    ///
+    /// ```
+    /// use kvpool::pool::hashing::{none_hash, BlockHasher, HashAlgo, DEFAULT_NONE_HASH_SEED};
+    /// let root = none_hash(HashAlgo::Sha256, DEFAULT_NONE_HASH_SEED);
+    /// let tokens: Vec<i64> = (0..40).collect();
+    /// let mut out = Vec::new();
+    /// let n = BlockHasher::new(HashAlgo::Sha256).extend_plain_chain(&root, &mut &tokens[..], 16, 0, &mut out);
+    /// assert_eq!((n, out.len()), (2, 2 * 32));
+    /// ```
+    pub fn extend_plain_chain<S: TokenSource + ?Sized>(
+        &mut self,
+        parent: &[u8],
+        source: &mut S,
+        block_size: usize,
+        start_block: usize,
+        out: &mut Vec<u8>,
+    ) -> usize {
+        if block_size == 0 {
+            return 0;
+        }
+        let blocks = start_block..source.len() / block_size;
+        plain::hash_chain(
+            self.algo,
+            parent,
+            source,
+            block_size,
+            blocks,
+            &mut self.plain_bufs,
+            out,
+        )
     }
 
     /// Like [`Self::extend_chain`], with arbitrary extra keys: `extra(i)` gives
