@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = [
     "tests/test_bad_input.py", "tests/test_pickle_identity.py", "tests/test_threads.py",
-    "tests/test_int_reader.py",
+    "tests/test_in_place_reads.py",
 ]
 
 pytestmark = pytest.mark.skipif(

@@ -241,15 +241,17 @@ impl PyBlockPool {
         reverse: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let reverse = opt_bool_arg(reverse, "reverse", false)?;
-        let ids = self.ids(block_ids)?;
-        self.with_pool(py, |pool| {
-            if reverse {
-                pool.free_blocks_reversed(&ids)
-            } else {
-                pool.free_blocks(&ids)
-            }
+        with_scratch(|ids| {
+            extract_block_ids(block_ids, self.config.num_blocks, ids)?;
+            self.with_pool(py, |pool| {
+                if reverse {
+                    pool.free_blocks_reversed(ids)
+                } else {
+                    pool.free_blocks(ids)
+                }
+            })
+            .py_err(py)
         })
-        .py_err(py)
     }
 
     /// Free several requests' blocks in one call, all or nothing.

@@ -15,9 +15,9 @@ use pyo3::types::{
     PyString, PyTuple, PyType,
 };
 
+use super::array_reader::{self, Ids};
 use super::errors::{error, ErrorKind};
 use super::int_reader;
-use crate::pool::first_out_of_range;
 
 /// True for Python's `bool` and numpy's bool scalar (which numpy before 2.3 lets pass
 /// as an index, with a warning): flags, never ids or counts. A plain `int` is settled
@@ -100,13 +100,19 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
 }
 
 fn dtype_error(obj: &Bound<'_, PyAny>, what: &str) -> PyErr {
+    // An array is described by its shape and dtype, the rest by their type.
+    let got = match obj.cast::<PyUntypedArray>() {
+        Ok(arr) => format!(
+            "a {}-D {} array",
+            arr.ndim(),
+            arr.dtype().str().map(|s| s.to_string()).unwrap_or_default()
+        ),
+        Err(_) => type_name(obj),
+    };
     error(
         obj.py(),
         ErrorKind::Dtype,
-        format!(
-            "{what} must be a 1-D numpy integer array or a sequence of ints, got {}",
-            type_name(obj)
-        ),
+        format!("{what} must be a 1-D numpy integer array or a sequence of ints, got {got}"),
     )
 }
 
@@ -292,41 +298,21 @@ fn item_i64(item: &Bound<'_, PyAny>, container: &Bound<'_, PyAny>, what: &str) -
 /// Block ids from `obj`, appended to `out`; a negative or too large id is an
 /// `InvalidBlockIdError` (the pool checks the upper bound of its own range).
 ///
-/// The int32 arrays kvpool hands out, and views of them such as `ids[::-1]`, are
-/// copied once with no borrow tracking and checked in one pass; other inputs go
-/// through [`extract_i64s`].
+/// Plain integer arrays (the int32 arrays kvpool hands out, and views of them such
+/// as `ids[::-1]`) are read once, in place, and checked as they are read
+/// (`array_reader`); other inputs go through [`extract_i64s`].
 pub fn extract_block_ids(
     obj: &Bound<'_, PyAny>,
     num_blocks: u32,
     out: &mut Vec<u32>,
 ) -> PyResult<()> {
-    let plain = is_plain_ndarray(obj);
-    if let Some(arr) = obj.cast::<PyArray1<i32>>().ok().filter(|_| plain) {
-        if arr.is_aligned() && arr.dtype().is_native_byteorder() != Some(false) {
-            let start = out.len();
-            match arr.to_vec() {
-                Ok(v) if start == 0 => *out = bytemuck::allocation::cast_vec(v),
-                Ok(v) => out.extend(v.iter().map(|&id| id as u32)),
-                Err(_) => {
-                    // A strided view (a reversed one among them): one copy, then the
-                    // ids in logical order.
-                    let owned = arr.to_owned_array();
-                    match (owned.as_slice_memory_order(), owned.strides().first()) {
-                        (Some(mem), Some(&stride)) if stride < 0 => {
-                            out.extend(mem.iter().rev().map(|&id| id as u32))
-                        }
-                        _ => out.extend(owned.iter().map(|&id| id as u32)),
-                    }
-                }
+    if is_plain_ndarray(obj) {
+        if let Ok(array) = obj.cast::<PyUntypedArray>() {
+            match array_reader::append_ids(array, num_blocks, out) {
+                Ids::Read => return Ok(()),
+                Ids::OutOfRange(id) => return Err(invalid_id(obj.py(), id, num_blocks)),
+                Ids::NotPlain => {}
             }
-            // Negative ids wrap to 2^31 and above, so one unsigned bound rejects them
-            // too, whatever the pool's size.
-            let bound = num_blocks.min(1 << 31);
-            if let Some(bad) = first_out_of_range(&out[start..], bound) {
-                out.truncate(start);
-                return Err(invalid_id(obj.py(), bad as i32 as i64, num_blocks));
-            }
-            return Ok(());
         }
     }
     let mut wide = Vec::new();

@@ -1,6 +1,7 @@
 //! The PyO3 binding layer: conversions, exceptions and one file per Python class.
 //! It converts types and errors and nothing else; the work is in [`crate::pool`].
 
+pub mod array_reader;
 pub mod block_pool;
 pub mod block_tables;
 pub mod convert;

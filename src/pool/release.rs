@@ -51,11 +51,7 @@ impl BlockPool {
         let mark = self.queue.front_mark();
         for (done, segment) in segments.iter().enumerate() {
             let mut batch = self.queue.reserve_front(segment.len());
-            let outcome = if reverse {
-                self.release_segment(segment.iter().rev().copied(), &mut batch)
-            } else {
-                self.release_segment(segment.iter().copied(), &mut batch)
-            };
+            let outcome = self.release_segment(segment, reverse, &mut batch);
             if let Err((processed, block_id)) = outcome {
                 self.queue.rewind_front(mark, batch);
                 let partial = if reverse {
@@ -85,7 +81,8 @@ impl BlockPool {
     #[inline(always)]
     fn release_segment(
         &mut self,
-        ids: impl Iterator<Item = u32>,
+        ids: &[u32],
+        reverse: bool,
         batch: &mut FrontBatch,
     ) -> Result<(), (usize, u32)> {
         let caching = self.config.enable_caching;
@@ -103,15 +100,19 @@ impl BlockPool {
             to_tail,
             pins,
         };
-        let outcome = match (caching, skip_null, pins.is_some()) {
-            (false, false, false) => run.run::<false, false, false>(ids),
-            (false, true, false) => run.run::<false, true, false>(ids),
-            (true, false, false) => run.run::<true, false, false>(ids),
-            (true, true, false) => run.run::<true, true, false>(ids),
-            (false, false, true) => run.run::<false, false, true>(ids),
-            (false, true, true) => run.run::<false, true, true>(ids),
-            (true, false, true) => run.run::<true, false, true>(ids),
-            (true, true, true) => run.run::<true, true, true>(ids),
+        let outcome = match (reverse, caching, skip_null, pins.is_some()) {
+            (false, false, false, false) => run.run::<false, false, false, false>(ids),
+            (false, false, true, false) => run.run::<false, false, true, false>(ids),
+            (false, true, false, false) => run.run::<false, true, false, false>(ids),
+            (false, true, true, false) => run.run::<false, true, true, false>(ids),
+            (true, false, false, false) => run.run::<true, false, false, false>(ids),
+            (true, false, true, false) => run.run::<true, false, true, false>(ids),
+            (true, true, false, false) => run.run::<true, true, false, false>(ids),
+            (true, true, true, false) => run.run::<true, true, true, false>(ids),
+            // Pinned blocks are rare and their check costs a lookup anyway: one loop
+            // per direction, the other settings as arguments.
+            (false, _, _, true) => run.run_pinned::<false>(ids, caching, skip_null),
+            (true, _, _, true) => run.run_pinned::<true>(ids, caching, skip_null),
         };
         self.queue.set_front_next(batch, next);
         outcome
@@ -143,54 +144,109 @@ struct ReleaseRun<'a, 'b> {
 }
 
 impl ReleaseRun<'_, '_> {
-    /// Drops a reference to each of `ids`: uncached blocks reaching 0 go into
-    /// `slots` below the cursor (the first one freed highest), cached ones to
-    /// `to_tail`. Stops at the first id out of range or freed once too often.
-    /// `CACHING`, `SKIP_NULL` (a null block) and `PINS` (any block pinned) are the
-    /// pool's state, as constants so that each combination gets a loop without
-    /// their branches (8% off an allocate+free of 44 blocks). The cursor is a local,
-    /// written back once, so that it stays in a register.
+    /// Drops a reference to each of `ids` (from the last when `REVERSE`): uncached
+    /// blocks reaching 0 go into `slots` below the cursor (the first one freed
+    /// highest), cached ones to `to_tail`. Stops at the first id out of range or
+    /// freed once too often, returning how many ids it had processed.
+    ///
+    /// `CACHING` and `SKIP_NULL` (a null block) are the pool's state, as constants so
+    /// that each combination gets a loop without their branches. The common block
+    /// (count 1, uncached) is handled inline in a few instructions; every other case
+    /// in [`Self::other`], out of line. The cursor is a local, written back once, so
+    /// that it stays in a register.
     #[inline(always)]
-    fn run<const CACHING: bool, const SKIP_NULL: bool, const PINS: bool>(
+    fn run<const REVERSE: bool, const CACHING: bool, const SKIP_NULL: bool, const PINS: bool>(
         &mut self,
-        ids: impl Iterator<Item = u32>,
+        ids: &[u32],
     ) -> Result<(), (usize, u32)> {
         let mut cursor = *self.next;
         let mut outcome = Ok(());
-        for (processed, id) in ids.enumerate() {
+        let mut left = ids.iter();
+        // How many ids were processed when `id`, the last one taken, fails.
+        let processed = |left: &std::slice::Iter<'_, u32>| ids.len() - left.len() - 1;
+        while let Some(&id) = if REVERSE {
+            left.next_back()
+        } else {
+            left.next()
+        } {
             if SKIP_NULL && id == 0 {
                 continue;
             }
             let Some(meta) = self.metas.get_mut(id as usize) else {
-                outcome = Err((processed, id));
+                outcome = Err((processed(&left), id));
                 break;
             };
-            match meta.ref_cnt {
-                0 => {
-                    outcome = Err((processed, id));
-                    break;
-                }
-                // The last reference of a pinned block is the pin's: only unpinning frees it.
-                1 if PINS && self.pins.is_some_and(|pins| pins.contains(&id)) => {
-                    outcome = Err((processed, id));
-                    break;
-                }
-                1 if CACHING && meta.is_cached() => {
-                    meta.ref_cnt = 0;
-                    self.to_tail.push(id);
-                }
+            if meta.ref_cnt == 1 && !(CACHING && meta.is_cached()) {
                 // Uncached: straight onto the free queue's stack, below the blocks
                 // this call put there before.
-                1 => {
-                    cursor -= 1;
-                    self.slots[cursor] = id;
-                    *meta = BlockMeta::stacked(cursor as u32);
-                }
-                _ => meta.ref_cnt -= 1,
+                cursor -= 1;
+                self.slots[cursor] = id;
+                *meta = BlockMeta::stacked(cursor as u32);
+            } else if !Self::other(meta, id, self.to_tail) {
+                outcome = Err((processed(&left), id));
+                break;
             }
         }
         *self.next = cursor;
         outcome
+    }
+
+    /// [`Self::run`] for a pool with pinned blocks: the last reference of a pinned
+    /// block is the pin's, so freeing it is a double free.
+    #[inline(never)]
+    fn run_pinned<const REVERSE: bool>(
+        &mut self,
+        ids: &[u32],
+        caching: bool,
+        skip_null: bool,
+    ) -> Result<(), (usize, u32)> {
+        let mut cursor = *self.next;
+        let n = ids.len();
+        for k in 0..n {
+            let id = if REVERSE { ids[n - 1 - k] } else { ids[k] };
+            if skip_null && id == 0 {
+                continue;
+            }
+            let pinned = self.pins.is_some_and(|pins| pins.contains(&id));
+            let Some(meta) = self.metas.get_mut(id as usize) else {
+                *self.next = cursor;
+                return Err((k, id));
+            };
+            if meta.ref_cnt == 1 && pinned {
+                *self.next = cursor;
+                return Err((k, id));
+            }
+            if meta.ref_cnt == 1 && !(caching && meta.is_cached()) {
+                cursor -= 1;
+                self.slots[cursor] = id;
+                *meta = BlockMeta::stacked(cursor as u32);
+            } else if !Self::other(meta, id, self.to_tail) {
+                *self.next = cursor;
+                return Err((k, id));
+            }
+        }
+        *self.next = cursor;
+        Ok(())
+    }
+
+    /// Every block but an uncached one with count 1: a cached block reaching 0 joins
+    /// `to_tail`, a block held more than once loses a reference; false for a block
+    /// already free (a double free).
+    #[cold]
+    #[inline(never)]
+    fn other(meta: &mut BlockMeta, id: u32, to_tail: &mut Vec<u32>) -> bool {
+        match meta.ref_cnt {
+            0 => false,
+            1 => {
+                meta.ref_cnt = 0;
+                to_tail.push(id);
+                true
+            }
+            _ => {
+                meta.ref_cnt -= 1;
+                true
+            }
+        }
     }
 }
 

@@ -1,4 +1,6 @@
-"""Token lists read in place (``src/bindings/int_reader.rs``): CPython ``int`` objects are read
+"""Python objects read in place.
+
+Token lists (``src/bindings/int_reader.rs``): CPython ``int`` objects are read
 from their digits, not converted one call each. The reader must give exactly what the general
 conversion gives, for every value on both sides of its digit boundaries, and leave everything
 else (other types, ``bool``, ``int`` subclasses, ints beyond two digits, lists changed while
@@ -8,6 +10,11 @@ Each case compares a list with the same tokens as an ``int64`` array (read witho
 reader) or with the reference hasher, through ``BlockHasher.hash_tokens`` (which reads lists
 block by block while it hashes), ``BlockHasher.hash_block`` and ``KVCacheManager.add_request``
 (which convert the whole list first).
+
+Block-id arrays (``src/bindings/array_reader.rs``): plain 1-D numpy arrays of 4- or 8-byte
+integers are copied once from their memory, at any stride (``ids[::-1]`` among them). Every
+dtype, stride and range must give what the general conversion gives, and every other array
+the same error as before.
 """
 
 from __future__ import annotations
@@ -168,3 +175,82 @@ def test_block_ids_from_lists_read_in_place() -> None:
     with pytest.raises(DtypeError):
         pool.free_blocks([1, True])
     assert pool.get_num_free_blocks() == 99
+
+
+def freed_order(ids: Any, reverse: bool = False) -> tuple[list[int], list[int]]:
+    """Free ``ids`` (a view of blocks just allocated) from a fresh pool; the free queue after."""
+    pool = core.BlockPool(64, enable_caching=False)
+    held = pool.get_new_blocks(20)
+    view = ids(held)
+    pool.free_blocks(view, reverse=reverse)
+    return pool.free_block_ids()[:25].tolist(), [int(x) for x in np.asarray(view)]
+
+
+VIEWS = {
+    "contiguous": lambda a: a,
+    "reversed": lambda a: a[::-1],
+    "every other": lambda a: a[::2],
+    "every third reversed": lambda a: a[::-3],
+    "int64 copy reversed": lambda a: a.astype(np.int64)[::-1],
+    "uint32": lambda a: a.astype(np.uint32),
+    "uint64 reversed": lambda a: a.astype(np.uint64)[::-1],
+    "int16": lambda a: a.astype(np.int16),
+    "a column of a 2-D array": lambda a: np.stack([a, a], axis=1)[:, 0],
+    "a column of a Fortran array": lambda a: np.asfortranarray(np.stack([a, a], axis=1))[:, 1],
+    "big-endian": lambda a: a.astype(">i4"),
+}
+
+
+@pytest.mark.parametrize("view", VIEWS.values(), ids=VIEWS.keys())
+@pytest.mark.parametrize("reverse", [False, True])
+def test_id_arrays_free_as_lists_do(view: Any, reverse: bool) -> None:
+    queue, ids = freed_order(view, reverse)
+    pool = core.BlockPool(64, enable_caching=False)
+    pool.get_new_blocks(20)
+    pool.free_blocks(ids, reverse=reverse)
+    assert pool.free_block_ids()[:25].tolist() == queue
+
+
+BAD_ID_ARRAYS = {
+    "negative int32": (np.array([3, -1], dtype=np.int32), "InvalidBlockIdError", "-1"),
+    "negative int64 reversed": (np.array([-5, 3], dtype=np.int64)[::-1], "InvalidBlockIdError", "-5"),
+    "past the pool": (np.array([3, 64], dtype=np.int32), "InvalidBlockIdError", "64"),
+    "past the pool, uint32": (np.array([2**32 - 1], dtype=np.uint32), "InvalidBlockIdError", str(2**32 - 1)),
+    "past int32, int64": (np.array([2**40], dtype=np.int64), "InvalidBlockIdError", str(2**40)),
+    "beyond int64, uint64": (np.array([2**64 - 1], dtype=np.uint64), "InvalidArgumentError", "int64"),
+    "bool": (np.array([True, False]), "DtypeError", "bool"),
+    "float": (np.array([1.0, 2.0]), "DtypeError", "float"),
+    "2-D": (np.zeros((2, 2), dtype=np.int32), "DtypeError", ""),
+}
+
+
+@pytest.mark.parametrize("array,error,text", BAD_ID_ARRAYS.values(), ids=BAD_ID_ARRAYS.keys())
+def test_bad_id_arrays_raise_and_change_nothing(array: Any, error: str, text: str) -> None:
+    import kvpool
+
+    pool = core.BlockPool(64, enable_caching=False)
+    pool.get_new_blocks(10)
+    before = (pool.free_block_ids().tolist(), pool.get_num_free_blocks())
+    with pytest.raises(getattr(kvpool, error)) as info:
+        pool.free_blocks(array)
+    assert text in str(info.value) or not text
+    assert (pool.free_block_ids().tolist(), pool.get_num_free_blocks()) == before
+
+
+def test_a_masked_array_is_refused_not_read() -> None:
+    pool = core.BlockPool(64, enable_caching=False)
+    ids = pool.get_new_blocks(4)
+    with pytest.raises(DtypeError, match="masked"):
+        pool.free_blocks(np.ma.masked_array(ids, mask=[0, 1, 0, 0]))
+    pool.free_blocks(ids)
+
+
+def test_a_misaligned_array_is_copied_not_read() -> None:
+    pool = core.BlockPool(64, enable_caching=False)
+    ids = pool.get_new_blocks(4)
+    raw = np.zeros(4 * 4 + 1, dtype=np.uint8)
+    misaligned = raw[1:].view(np.int32)
+    misaligned[:] = ids
+    assert not misaligned.flags.aligned
+    pool.free_blocks(misaligned, reverse=True)
+    assert pool.get_num_free_blocks() == 63

@@ -1,0 +1,102 @@
+//! Block ids read straight out of a numpy array's memory, at any stride.
+//!
+//! Block ids come back to kvpool as the `int32` arrays it handed out, or views of them
+//! such as `ids[::-1]` (vLLM frees a request's blocks tail first). rust-numpy's safe
+//! readers either track borrows (a global lock and an allocation per call) or copy a
+//! strided view into an owned array first, which then has to be copied again. This
+//! module copies the elements once, from the array's data pointer by its stride, after
+//! checking through rust-numpy's safe accessors that the array is what it must be.
+//!
+//! One of the crate's two modules with `unsafe` code (with `int_reader.rs`). The
+//! reads are sound because:
+//! - the object is exactly `numpy.ndarray` (not a subclass that could lie about its
+//!   layout), one-dimensional, of a 4- or 8-byte integer dtype in native byte order
+//!   and aligned, all read through rust-numpy's checked accessors;
+//! - numpy guarantees `data + i * stride` is a valid, aligned element for
+//!   `i < shape[0]` while the array is alive, which the caller's reference ensures;
+//! - the GIL is held (the `Bound`) and no Python code runs while the elements are
+//!   copied, so the array cannot be resized or freed meanwhile. A thread writing the
+//!   array without the GIL could race the copy, exactly as with rust-numpy's
+//!   `to_vec`, which the bindings used before.
+
+#![allow(unsafe_code)]
+
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+/// What [`append_ids`] found.
+pub enum Ids {
+    /// Every id was appended to `out`.
+    Read,
+    /// This value is not a block id below the bound; nothing was appended.
+    OutOfRange(i64),
+    /// Not an array this reader takes (the caller converts it the general way);
+    /// nothing was appended.
+    NotPlain,
+}
+
+/// Appends the elements of `array` to `out` as block ids, in logical order (a
+/// reversed view reads its memory backwards), if `array` is a plain 1-D array of
+/// 4- or 8-byte integers (see the module notes) and every element is in
+/// `0..bound`.
+pub fn append_ids(array: &Bound<'_, PyUntypedArray>, bound: u32, out: &mut Vec<u32>) -> Ids {
+    if array.ndim() != 1 || !array.is_aligned() {
+        return Ids::NotPlain;
+    }
+    let dtype = array.dtype();
+    let kind = dtype.kind();
+    if !(kind == b'i' || kind == b'u') || dtype.is_native_byteorder() == Some(false) {
+        return Ids::NotPlain;
+    }
+    let (len, stride) = (array.shape()[0], array.strides()[0]);
+    // SAFETY: the array is 1-D and aligned with a native integer dtype (checked above);
+    // `data` is its first element and `data + i * stride` is element `i` for `i < len`.
+    let data = unsafe { (*numpy::npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr())).data };
+    let start = out.len();
+    out.reserve(len);
+    // Negative ids (signed dtypes) wrap to 2^31 and above (4 bytes) or 2^63 and
+    // above (8 bytes), so one unsigned bound below 2^31 rejects them too.
+    let bound = bound.min(1 << 31);
+    let mut bad = None;
+    match (dtype.itemsize(), kind) {
+        (4, _) => {
+            for i in 0..len {
+                // SAFETY: `i < len` (see above); the element is 4 bytes and aligned.
+                let v = unsafe { *(data.offset(i as isize * stride) as *const u32) };
+                out.push(v);
+                if v >= bound {
+                    bad = Some(if kind == b'i' {
+                        i64::from(v as i32)
+                    } else {
+                        i64::from(v)
+                    });
+                    break;
+                }
+            }
+        }
+        (8, _) => {
+            for i in 0..len {
+                // SAFETY: as above, for an 8-byte element.
+                let v = unsafe { *(data.offset(i as isize * stride) as *const u64) };
+                out.push(v as u32);
+                if v >= u64::from(bound) {
+                    if kind == b'u' && i64::try_from(v).is_err() {
+                        // Beyond int64: the general path says so, as it always has.
+                        out.truncate(start);
+                        return Ids::NotPlain;
+                    }
+                    bad = Some(v as i64);
+                    break;
+                }
+            }
+        }
+        _ => return Ids::NotPlain,
+    }
+    match bad {
+        Some(v) => {
+            out.truncate(start);
+            Ids::OutOfRange(v)
+        }
+        None => Ids::Read,
+    }
+}
