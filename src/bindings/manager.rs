@@ -8,7 +8,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyTuple};
 
 use super::convert::{
-    count_tokens, extract_block_ids, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
+    count_tokens, extract_block_ids, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
+    opt_int_arg, with_scratch,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
@@ -279,7 +280,7 @@ impl PyKVCacheManager {
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyArray1<i32>>, usize)> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let mut out = Vec::new();
         let n = self
             .with_manager(py, |m| m.get_computed_blocks(&id, &mut out))
@@ -301,7 +302,7 @@ impl PyKVCacheManager {
         new_computed_blocks: Option<&Bound<'py, PyAny>>,
         num_lookahead_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let num_new = int_arg(num_new_tokens, "num_new_tokens", 0, i64::MAX)? as usize;
         let num_computed = opt_int_arg(
             num_new_computed_tokens,
@@ -316,13 +317,14 @@ impl PyKVCacheManager {
         if let Some(blocks) = new_computed_blocks.filter(|b| !b.is_none()) {
             extract_block_ids(blocks, self.num_blocks, &mut hits)?;
         }
-        let mut out = Vec::new();
-        let ok = self
-            .with_manager(py, |m| {
-                m.allocate_slots(&id, num_new, num_computed, &hits, lookahead, &mut out)
-            })
-            .py_err(py)?;
-        Ok(ok.then(|| ids_to_numpy(py, &out)))
+        with_scratch(|out| {
+            let ok = self
+                .with_manager(py, |m| {
+                    m.allocate_slots(&id, num_new, num_computed, &hits, lookahead, out)
+                })
+                .py_err(py)?;
+            Ok(ok.then(|| ids_to_numpy(py, out)))
+        })
     }
 
     /// One scheduler step in one call. For each request in order: one that has not
@@ -374,7 +376,7 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
         token_ids: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let mut buf = Vec::new();
         let tokens = self.token_ids(token_ids, "token_ids", &mut buf)?;
         self.with_manager(py, |m| m.append_token_ids(&id, tokens))
@@ -423,7 +425,7 @@ impl PyKVCacheManager {
 
     /// Frees a finished request's blocks (tail first) and forgets it.
     fn free(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         self.with_manager(py, |m| m.free(&id)).py_err(py)
     }
 
@@ -436,7 +438,7 @@ impl PyKVCacheManager {
     /// Preempts a request: frees its blocks (tail first); it keeps its tokens and
     /// restarts from zero computed tokens.
     fn preempt(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         self.with_manager(py, |m| m.preempt(&id)).py_err(py)
     }
 
@@ -446,7 +448,7 @@ impl PyKVCacheManager {
         py: Python<'py>,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let ids = self
             .with_manager(py, |m| m.block_ids(&id).map(<[u32]>::to_vec))
             .py_err(py)?;
@@ -501,7 +503,7 @@ impl PyKVCacheManager {
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<PyBlockHashList> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let (bytes, algo) = self
             .with_manager(py, |m| {
                 let algo = m.hash_algo();
@@ -513,7 +515,7 @@ impl PyKVCacheManager {
 
     /// The request's number of tokens so far.
     fn get_num_tokens(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         self.with_manager(py, |m| m.num_tokens(&id)).py_err(py)
     }
 
@@ -524,7 +526,7 @@ impl PyKVCacheManager {
         py: Python<'_>,
         request_id: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         self.with_manager(py, |m| m.num_computed_tokens(&id))
             .py_err(py)
     }
@@ -536,7 +538,7 @@ impl PyKVCacheManager {
         request_id: &Bound<'_, PyAny>,
         num_computed_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         let n = int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)? as usize;
         self.with_manager(py, |m| m.set_num_computed_tokens(&id, n))
             .py_err(py)
@@ -660,7 +662,7 @@ impl PyKVCacheManager {
     }
 
     fn __contains__(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let id = super::requests::request_id(request_id)?;
+        let id = super::requests::request_key(request_id)?;
         Ok(self.with_manager(py, |m| m.contains(&id)))
     }
 

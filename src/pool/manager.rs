@@ -18,7 +18,7 @@ use super::events::{EventExtraKey, PoolEvent};
 use super::eviction::BlockPriority;
 use super::hash_key::HashSlice;
 use super::hashing::HashAlgo;
-use super::request_id::RequestId;
+use super::request_id::{RequestId, RequestLookup};
 use super::stats::{PrefixCacheStats, StatsRecorder};
 use super::tracker::{Sequence, SequenceExtras, SequenceHasher, TokenIds};
 
@@ -141,7 +141,7 @@ pub struct KVCacheManager {
     pub(super) stats: StatsRecorder,
 }
 
-pub(super) fn unknown(id: &RequestId) -> PoolError {
+pub(super) fn unknown(id: &(impl RequestLookup + ?Sized)) -> PoolError {
     PoolError::UnknownRequest(id.to_string())
 }
 
@@ -189,16 +189,16 @@ impl KVCacheManager {
     }
 
     /// Whether `id` is tracked.
-    pub fn contains(&self, id: &RequestId) -> bool {
+    pub fn contains(&self, id: &(impl RequestLookup + ?Sized)) -> bool {
         self.requests.contains_key(id)
     }
 
-    fn request(&self, id: &RequestId) -> PoolResult<&Request> {
+    fn request(&self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<&Request> {
         self.requests.get(id).ok_or_else(|| unknown(id))
     }
 
     /// A request's sequence: tokens, hashes, extras.
-    pub fn sequence(&self, id: &RequestId) -> PoolResult<&Sequence> {
+    pub fn sequence(&self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<&Sequence> {
         Ok(&self.request(id)?.seq)
     }
 
@@ -263,7 +263,11 @@ impl KVCacheManager {
 
     /// Appends generated (or newly known) token ids to a request.
     /// A request never grows beyond `max_model_len` tokens (an `Err`, and no change).
-    pub fn append_token_ids(&mut self, id: &RequestId, tokens: TokenIds<'_>) -> PoolResult<()> {
+    pub fn append_token_ids(
+        &mut self,
+        id: &(impl RequestLookup + ?Sized),
+        tokens: TokenIds<'_>,
+    ) -> PoolResult<()> {
         self.check_room(id, tokens.len())?;
         let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
         self.hasher.append_tokens(&mut request.seq, tokens)?;
@@ -271,7 +275,7 @@ impl KVCacheManager {
     }
 
     /// Whether request `id` can take `more` tokens within `max_model_len`.
-    pub fn check_room(&self, id: &RequestId, more: usize) -> PoolResult<()> {
+    pub fn check_room(&self, id: &(impl RequestLookup + ?Sized), more: usize) -> PoolResult<()> {
         let total = self.request(id)?.seq.num_tokens().saturating_add(more);
         if total > self.max_model_len {
             return Err(PoolError::InvalidArgument(format!(
@@ -290,18 +294,22 @@ impl KVCacheManager {
     }
 
     /// The request's tokens so far.
-    pub fn num_tokens(&self, id: &RequestId) -> PoolResult<usize> {
+    pub fn num_tokens(&self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<usize> {
         Ok(self.request(id)?.seq.num_tokens())
     }
 
     /// Tokens the manager counts as computed for the request.
-    pub fn num_computed_tokens(&self, id: &RequestId) -> PoolResult<usize> {
+    pub fn num_computed_tokens(&self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<usize> {
         Ok(self.request(id)?.num_computed_tokens)
     }
 
     /// Sets the request's computed tokens (a scheduler rolling back rejected
     /// speculative tokens). It may not exceed the slots the request holds.
-    pub fn set_num_computed_tokens(&mut self, id: &RequestId, n: usize) -> PoolResult<()> {
+    pub fn set_num_computed_tokens(
+        &mut self,
+        id: &(impl RequestLookup + ?Sized),
+        n: usize,
+    ) -> PoolResult<()> {
         let block_size = self.hasher.block_size();
         let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
         let slots = request.blocks.len() * block_size;
@@ -315,19 +323,23 @@ impl KVCacheManager {
     }
 
     /// The request's block table.
-    pub fn block_ids(&self, id: &RequestId) -> PoolResult<&[u32]> {
+    pub fn block_ids(&self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<&[u32]> {
         Ok(&self.request(id)?.blocks)
     }
 
     /// The request's block hashes (full blocks).
-    pub fn block_hashes(&self, id: &RequestId) -> PoolResult<HashSlice<'_>> {
+    pub fn block_hashes(&self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<HashSlice<'_>> {
         Ok(self.request(id)?.seq.block_hashes())
     }
 
     /// The longest prefix-cache hit of a request that has not started, capped below
     /// its last token: block ids appended to `out`, computed tokens returned.
     /// Changes nothing (statistics are recorded when the request is admitted).
-    pub fn get_computed_blocks(&self, id: &RequestId, out: &mut Vec<u32>) -> PoolResult<usize> {
+    pub fn get_computed_blocks(
+        &self,
+        id: &(impl RequestLookup + ?Sized),
+        out: &mut Vec<u32>,
+    ) -> PoolResult<usize> {
         self.request(id)?
             .seq
             .lookup_computed_blocks(&self.pool, out)
@@ -349,7 +361,7 @@ impl KVCacheManager {
     /// Returns `Ok(false)`, changing nothing, when the pool is short.
     pub fn allocate_slots(
         &mut self,
-        id: &RequestId,
+        id: &(impl RequestLookup + ?Sized),
         num_new_tokens: usize,
         num_new_computed_tokens: usize,
         new_computed_blocks: &[u32],
@@ -533,7 +545,7 @@ impl KVCacheManager {
     }
 
     /// Frees the request's blocks (tail first) and forgets the request.
-    pub fn free(&mut self, id: &RequestId) -> PoolResult<()> {
+    pub fn free(&mut self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<()> {
         let request = self.requests.remove(id).ok_or_else(|| unknown(id))?;
         self.pool.free_blocks_reversed(&request.blocks)
     }
@@ -557,7 +569,7 @@ impl KVCacheManager {
 
     /// Preemption: frees the request's blocks (tail first); it keeps its tokens and
     /// restarts from zero computed tokens.
-    pub fn preempt(&mut self, id: &RequestId) -> PoolResult<()> {
+    pub fn preempt(&mut self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<()> {
         let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
         let blocks = std::mem::take(&mut request.blocks);
         self.pool.free_blocks_reversed(&blocks)?;

@@ -65,7 +65,7 @@ pub use kv_groups::{AttentionKind, GroupSpec, KvGroups, SpecGroup};
 pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use prefix_map::PrefixMap;
 pub use replay_ring::{AppendError, ReplayRing};
-pub use request_id::{RequestId, RequestKey};
+pub use request_id::{RequestId, RequestKey, RequestLookup};
 pub use retention::{reachable_block_mask, replay_boundary};
 pub use slab::{BlockMeta, Slab, NIL};
 pub use stats::PrefixCacheStats;

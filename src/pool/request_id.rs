@@ -56,6 +56,21 @@ impl From<&RequestKey<'_>> for RequestId {
     }
 }
 
+/// What finds a request in a map keyed by [`RequestId`]: an owned id or a borrowed
+/// [`RequestKey`] (which spares a caller holding a `&str` an allocation per lookup).
+pub trait RequestLookup: Hash + hashbrown::Equivalent<RequestId> + fmt::Display {}
+
+impl<T: Hash + hashbrown::Equivalent<RequestId> + fmt::Display + ?Sized> RequestLookup for T {}
+
+impl fmt::Display for RequestKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Int(i) => write!(f, "{i}"),
+            Self::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
