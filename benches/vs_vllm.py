@@ -5,8 +5,10 @@ vLLM's ``BlockPool``, ``KVCacheManager`` and block hasher are loaded unchanged f
 vLLM wheel by the shared peer benchmark (``vllm_blockpool_peer.py``, which needs no torch);
 each workload then runs vLLM and kvpool in alternating order, ``--rounds`` times, every run
 on fresh state built outside the clock, with ``gc.collect()`` before it. The figures are the
-medians per side and their ratio (how many times faster kvpool is). Machines are noisy:
-interleaving puts both sides under the same noise.
+medians per side; the ratio (how many times faster kvpool is) is the median of each round's
+own ratio, with its quartiles. Machines are noisy: interleaving puts both sides under the same
+noise, and pairing each round's two runs keeps a machine that speeds up or slows down between
+rounds (these share their cores with others) from moving the ratio.
 
 Workloads (``--only`` takes their names):
 
@@ -78,6 +80,14 @@ def load_peer(path: Path) -> Any:
     return module
 
 
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of ``values`` (its ends when there are fewer than 4)."""
+    if len(values) < 4:
+        return min(values), max(values)
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
 class Race:
     """Interleaved timing: each round runs every contestant once, the order alternating."""
 
@@ -120,17 +130,23 @@ class Race:
         for name in names:
             if name == baseline:
                 continue
+            # The ratio is the median of each round's ratio: both runs of a round are
+            # back to back, so a machine that speeds up or slows down between rounds
+            # (these share their cores) moves both alike.
+            ratios = sorted(b / k for b, k in zip(times[baseline], times[name]))
             self.rows.append(dict(
                 workload=workload, variant=f"{variant}: {name}" if len(names) > 2 else variant,
                 unit=unit, vllm=round(medians[baseline], 3), kvpool=round(medians[name], 3),
-                ratio=round(medians[baseline] / medians[name], 2), rounds=self.rounds,
-                repeat=repeat))
+                ratio=round(statistics.median(ratios), 2),
+                ratio_quartiles=[round(q, 2) for q in quartiles(ratios)],
+                rounds=self.rounds, repeat=repeat))
 
     def table(self) -> str:
         """The rows as an aligned text table."""
-        head = ("workload", "variant", "unit", "vLLM 0.33", "kvpool", "ratio")
+        head = ("workload", "variant", "unit", "vLLM 0.33", "kvpool", "ratio", "quartiles")
         lines = [head] + [(r["workload"], r["variant"], r["unit"], f"{r['vllm']:,.3f}",
-                           f"{r['kvpool']:,.3f}", f"{r['ratio']:.1f}x") for r in self.rows]
+                           f"{r['kvpool']:,.3f}", f"{r['ratio']:.1f}x",
+                           "{:.1f}-{:.1f}x".format(*r["ratio_quartiles"])) for r in self.rows]
         widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
         out = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w)
                          for i, (c, w) in enumerate(zip(line, widths))) for line in lines]

@@ -109,6 +109,17 @@ impl crate::pool::hashing::TokenSource for ListTokens<'_, '_> {
             None
         }
     }
+
+    #[inline(always)]
+    fn for_each(&mut self, start: usize, n: usize, f: impl FnMut(i64)) -> bool {
+        #[cfg(fast_ints)]
+        return fast::for_each_in_range(self.list, start, n, f);
+        #[cfg(not(fast_ints))]
+        {
+            let _ = (start, n, f);
+            false
+        }
+    }
 }
 
 /// Whether the in-place reader is compiled in and passed its check in this process.
@@ -182,6 +193,12 @@ mod fast {
         }
     }
 
+    /// `ob_size` / `lv_tag` of a positive int of one digit.
+    #[cfg(not(Py_3_12))]
+    const ONE_DIGIT: isize = 1;
+    #[cfg(Py_3_12)]
+    const ONE_DIGIT: isize = 1 << 3;
+
     /// (is negative, number of digits) from `ob_size`.
     #[cfg(not(Py_3_12))]
     #[inline(always)]
@@ -228,24 +245,88 @@ mod fast {
     /// Items `start..start + n` of `list` into `out` (replacing its contents);
     /// false when the range is past the list's end or an item is not a plain int of
     /// at most two digits.
-    pub fn read_range(
+    /// Calls `f` on the values of items `start..start + n` of `list`; false (having
+    /// called it on the items before) at the first that is not a plain int of at
+    /// most two digits, or when the range is past the list's end.
+    #[inline(always)]
+    pub fn for_each_in_range(
         list: &Bound<'_, PyList>,
         start: usize,
         n: usize,
-        out: &mut Vec<i64>,
+        mut f: impl FnMut(i64),
     ) -> bool {
-        out.clear();
         let ptr = list.as_ptr();
         // SAFETY: `ptr` is a live list and the GIL is held (the `Bound`).
         let len = unsafe { ffi::PyList_GET_SIZE(ptr) } as usize;
         if start.checked_add(n).is_none_or(|end| end > len) {
             return false;
         }
-        for i in start..start + n {
-            // SAFETY: `i` is below the list's length, read above with no Python code
-            // run since; the list holds a reference to each item.
-            match unsafe { read(ffi::PyList_GET_ITEM(ptr, i as ffi::Py_ssize_t)) } {
-                Some(v) => out.push(v),
+        // SAFETY: `start + n` is within the list's length, read above; no Python code
+        // runs here (`f` is Rust code that cannot call into Python: it gets no token),
+        // so the item array holds these live objects throughout.
+        let items = unsafe {
+            let list = ptr as *mut ffi::PyListObject;
+            std::slice::from_raw_parts((*list).ob_item.add(start), n)
+        };
+        let long_type = &raw mut ffi::PyLong_Type;
+        for &item in items {
+            let head = item as *const IntHead;
+            // SAFETY: `item` is a live object, so its header is readable; past the
+            // header only an exact int is read (its digit count and first digit).
+            let value = unsafe {
+                if (*head).ob_base.ob_type == long_type && (*head).size_or_tag == ONE_DIGIT {
+                    // The common token: a positive int of one digit.
+                    Some(i64::from((*head).digit0))
+                } else {
+                    read(item)
+                }
+            };
+            match value {
+                Some(v) => f(v),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    pub fn read_range(
+        list: &Bound<'_, PyList>,
+        start: usize,
+        n: usize,
+        out: &mut Vec<i64>,
+    ) -> bool {
+        let ptr = list.as_ptr();
+        // SAFETY: `ptr` is a live list and the GIL is held (the `Bound`).
+        let len = unsafe { ffi::PyList_GET_SIZE(ptr) } as usize;
+        if start.checked_add(n).is_none_or(|end| end > len) {
+            return false;
+        }
+        // Every slot is written below; a reused buffer of the right length is not
+        // cleared first.
+        if out.len() != n {
+            out.resize(n, 0);
+        }
+        // SAFETY: `start + n` is within the list's length, read above with no Python
+        // code run since (none runs here); the item array holds `len` live objects.
+        let items = unsafe {
+            let list = ptr as *mut ffi::PyListObject;
+            std::slice::from_raw_parts((*list).ob_item.add(start), n)
+        };
+        let long_type = &raw mut ffi::PyLong_Type;
+        for (slot, &item) in out.iter_mut().zip(items) {
+            let head = item as *const IntHead;
+            // SAFETY: `item` is a live object, so its header is readable; past the
+            // header only an exact int is read (its digit count and first digit).
+            let value = unsafe {
+                if (*head).ob_base.ob_type == long_type && (*head).size_or_tag == ONE_DIGIT {
+                    // The common token: a positive int of one digit.
+                    Some(i64::from((*head).digit0))
+                } else {
+                    read(item)
+                }
+            };
+            match value {
+                Some(v) => *slot = v,
                 None => return false,
             }
         }

@@ -9,8 +9,12 @@
 //! encoders ([`super::pickle`], [`super::cbor`]) produce the same bytes (tested
 //! below); they stay the path for everything else.
 //!
-//! SHA-256 then runs on the buffer padded in place, block by block, without the
-//! streaming hasher's staging copy.
+//! SHA-256 runs on the buffer padded in place, one 64-byte block at a time. A chain
+//! is serial (each block's message holds its parent's digest), and SHA-256's rounds
+//! are one long dependency chain the processor mostly waits on; so the next block's
+//! tokens are read and encoded in pieces between the current block's compressions,
+//! where they run in that wait. Measured on its own, the encoding then costs almost
+//! nothing beyond the compressions (`docs/benchmarks.md`).
 
 use std::ops::Range;
 
@@ -41,6 +45,20 @@ pub trait TokenSource {
     /// The tokens `start..start + n` (within [`Self::len`]), or `None` when the
     /// source cannot give them here (the caller then takes its general path).
     fn tokens(&mut self, start: usize, n: usize) -> Option<&[i64]>;
+
+    /// Calls `f` on the tokens `start..start + n` in order; false (having called it
+    /// on some of them, or none) when the source cannot give them all. A source that
+    /// decodes its tokens (a Python list) does it here without storing them.
+    #[inline(always)]
+    fn for_each(&mut self, start: usize, n: usize, mut f: impl FnMut(i64)) -> bool {
+        match self.tokens(start, n) {
+            Some(tokens) => {
+                tokens.iter().for_each(|&t| f(t));
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl TokenSource for &[i64] {
@@ -59,9 +77,8 @@ impl TokenSource for &[i64] {
 /// it hashed, stopping before the first block that is not plain or that `source`
 /// cannot give.
 ///
-/// Two buffers alternate: block `i + 1`'s tokens are encoded right after block
-/// `i`'s digest is started, so the processor fills one while SHA-256's long chain of
-/// rounds runs on the other (the parent goes in last, once known).
+/// Two buffers alternate: while one block's message is hashed, the next block's is
+/// written into the other (its parent goes in last, once known).
 pub(super) fn hash_chain<S: TokenSource + ?Sized>(
     algo: HashAlgo,
     parent: &[u8],
@@ -71,32 +88,54 @@ pub(super) fn hash_chain<S: TokenSource + ?Sized>(
     bufs: &mut [Vec<u8>; 2],
     out: &mut Vec<u8>,
 ) -> usize {
-    let (encoding, width) = (algo.encoding(), parent.len());
-    if blocks.is_empty() || width != algo.digest_len() {
+    let width = parent.len();
+    if blocks.is_empty() || width != algo.digest_len() || block_size == 0 {
         return 0;
     }
-    let Some(offset) = parent_offset(encoding, width) else {
+    let Some(layout) = Layout::new(algo.encoding(), width) else {
         return 0;
     };
-    let encode = |source: &mut S, buf: &mut Vec<u8>, block: usize| {
-        let tokens = source.tokens(block * block_size, block_size)?;
-        encode_tokens(encoding, buf, width, tokens)
-    };
-    let Some(mut len) = encode(source, &mut bufs[0], blocks.start) else {
+    let sha = matches!(algo, HashAlgo::Sha256 | HashAlgo::Sha256Cbor);
+    let [even, odd] = bufs;
+    let Some(mut len) = layout.encode(even, source, blocks.start * block_size, block_size) else {
         return 0;
     };
     out.reserve(blocks.len() * width);
     let mut parent = Digest::from_bytes(parent);
     let mut hashed = 0;
     for block in blocks.clone() {
-        let (cur, next) = if hashed % 2 == 0 { (0, 1) } else { (1, 0) };
-        copy_digest(&mut bufs[cur][offset..offset + width], &parent);
-        parent = digest(algo, &mut bufs[cur], len);
-        let next_len = if block + 1 < blocks.end {
-            encode(source, &mut bufs[next], block + 1)
+        let (cur, next) = if hashed % 2 == 0 {
+            (&mut *even, &mut *odd)
         } else {
-            None
+            (&mut *odd, &mut *even)
         };
+        let offset = layout.parent_offset;
+        copy_digest(&mut cur[offset..offset + width], &parent);
+        let next_start = (block + 1 < blocks.end).then_some((block + 1) * block_size);
+        let next_len;
+        if sha {
+            // The next block's items are written in one piece per compression of
+            // this block's message, each right after its compression starts.
+            let padded = pad_sha256(cur, len);
+            let pieces = padded / 64;
+            let mut state = SHA256_INIT;
+            let mut pos = next_start.and_then(|_| layout.begin(next, block_size));
+            for (k, chunk) in cur[..padded].chunks_exact(64).enumerate() {
+                sha2::compress256(
+                    &mut state,
+                    std::slice::from_ref(GenericArray::from_slice(chunk)),
+                );
+                if let (Some(p), Some(start)) = (pos, next_start) {
+                    let (lo, hi) = (k * block_size / pieces, (k + 1) * block_size / pieces);
+                    pos = layout.items(next, p, source, start + lo, hi - lo);
+                }
+            }
+            parent = sha256_digest(&state);
+            next_len = pos.map(|p| layout.finish(next, p));
+        } else {
+            parent = algo.digest_bytes(&cur[..len]);
+            next_len = next_start.and_then(|start| layout.encode(next, source, start, block_size));
+        }
         copy_digest_onto(out, &parent);
         hashed += 1;
         match next_len {
@@ -105,15 +144,6 @@ pub(super) fn hash_chain<S: TokenSource + ?Sized>(
         }
     }
     hashed
-}
-
-/// The digest of the message `buf[..len]` (with room for padding after it).
-#[inline(always)]
-fn digest(algo: HashAlgo, buf: &mut [u8], len: usize) -> Digest {
-    match algo {
-        HashAlgo::Sha256 | HashAlgo::Sha256Cbor => sha256_in_place(buf, len),
-        HashAlgo::Xxhash | HashAlgo::XxhashCbor => algo.digest_bytes(&buf[..len]),
-    }
 }
 
 /// `dst = src` for a digest, with the two widths as fixed-size copies (no call).
@@ -136,55 +166,139 @@ fn copy_digest_onto(out: &mut Vec<u8>, d: &[u8]) {
     }
 }
 
-/// Where the parent's bytes go in a plain block's encoding, or `None` for a parent
-/// of 24 bytes or more in CBOR or 256 or more in pickle (neither is a digest).
-fn parent_offset(encoding: Encoding, width: usize) -> Option<usize> {
-    match encoding {
-        // PROTO 5, FRAME n, SHORT_BINBYTES width
-        Encoding::Pickle => (width <= 255).then_some(13),
-        // array(3), then a byte string head of one byte (< 24) or two (< 256)
-        Encoding::Cbor => match width {
-            0..=23 => Some(2),
-            24..=255 => Some(3),
-            _ => None,
-        },
-    }
-}
-
-/// A plain block's encoding in `buf` (grown as needed, with room after it for
-/// SHA-256 padding), all but the parent's bytes, which go at
-/// [`parent_offset`]; returns its length. `None` when the block is not plain.
-#[inline]
-fn encode_tokens(
+/// A plain block's encoding for one serialization and parent width, written in
+/// three steps ([`Self::begin`], [`Self::items`] any number of times,
+/// [`Self::finish`]) so that the items can be written in pieces. Everything but the
+/// parent's bytes, which go at `parent_offset`.
+#[derive(Clone, Copy)]
+struct Layout {
     encoding: Encoding,
-    buf: &mut Vec<u8>,
     width: usize,
-    tokens: &[i64],
-) -> Option<usize> {
-    match encoding {
-        Encoding::Pickle => encode_pickle_tokens(buf, width, tokens),
-        Encoding::Cbor => encode_cbor_tokens(buf, width, tokens),
+    parent_offset: usize,
+}
+
+impl Layout {
+    /// `None` for a parent of 24 bytes or more in CBOR or 256 or more in pickle
+    /// (neither is a digest).
+    fn new(encoding: Encoding, width: usize) -> Option<Self> {
+        let parent_offset = match (encoding, width) {
+            // PROTO 5, FRAME n, SHORT_BINBYTES width
+            (Encoding::Pickle, 0..=255) => 13,
+            // array(3), then a byte string head of one byte (< 24) or two (< 256)
+            (Encoding::Cbor, 0..=23) => 2,
+            (Encoding::Cbor, 24..=255) => 3,
+            _ => return None,
+        };
+        Some(Self {
+            encoding,
+            width,
+            parent_offset,
+        })
+    }
+
+    /// The whole encoding of the `n` tokens from `start`; returns its length.
+    #[inline]
+    fn encode<S: TokenSource + ?Sized>(
+        self,
+        buf: &mut Vec<u8>,
+        source: &mut S,
+        start: usize,
+        n: usize,
+    ) -> Option<usize> {
+        let pos = self.begin(buf, n)?;
+        let pos = self.items(buf, pos, source, start, n)?;
+        Some(self.finish(buf, pos))
+    }
+
+    /// Grows `buf` for `n` items (and SHA-256 padding) and writes what comes before
+    /// the items; returns where they start. `None` when `n` items are not plain:
+    /// fewer than 4 (pickle's short tuple opcodes) or too many for one pickle frame.
+    #[inline]
+    fn begin(self, buf: &mut Vec<u8>, n: usize) -> Option<usize> {
+        let w = self.width;
+        match self.encoding {
+            Encoding::Pickle => {
+                if !(4..=MAX_PICKLE_TOKENS).contains(&n) {
+                    return None;
+                }
+                prepare(buf, 15 + w + 5 * n + 6 + SLACK + SHA_PAD);
+                buf[..2].copy_from_slice(&[0x80, 5]); // PROTO 5
+                buf[11] = b'C'; // SHORT_BINBYTES
+                buf[12] = w as u8;
+                buf[13 + w..15 + w].copy_from_slice(&[0x94, b'(']); // MEMOIZE, MARK
+                Some(15 + w)
+            }
+            Encoding::Cbor => {
+                prepare(
+                    buf,
+                    self.parent_offset + w + 9 + 5 * n + 1 + SLACK + SHA_PAD,
+                );
+                buf[0] = 0x83; // array of 3
+                write_head(&mut buf[1..], 0x40, w as u64); // byte string
+                let items = self.parent_offset + w;
+                Some(items + write_head(&mut buf[items..], 0x80, n as u64))
+            }
+        }
+    }
+
+    /// Writes the items of the `n` tokens from `start` at `pos` (within the room
+    /// [`Self::begin`] made); returns where the next item goes, or `None` when the
+    /// source cannot give them or a token is out of the plain range (pickle: `i32`;
+    /// CBOR: `-2^32..2^32`).
+    #[inline]
+    fn items<S: TokenSource + ?Sized>(
+        self,
+        buf: &mut [u8],
+        pos: usize,
+        source: &mut S,
+        start: usize,
+        n: usize,
+    ) -> Option<usize> {
+        let room = buf.get_mut(pos..pos + 5 * n + SLACK)?;
+        let written = match self.encoding {
+            Encoding::Pickle => pickle_items(room, source, start, n)?,
+            Encoding::Cbor => cbor_items(room, source, start, n)?,
+        };
+        Some(pos + written)
+    }
+
+    /// Writes what follows the items at `pos`; returns the encoding's length.
+    #[inline]
+    fn finish(self, buf: &mut [u8], pos: usize) -> usize {
+        match self.encoding {
+            Encoding::Pickle => {
+                // TUPLE, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP
+                buf[pos..pos + 6].copy_from_slice(&[b't', 0x94, b'N', 0x87, 0x94, b'.']);
+                let len = pos + 6;
+                buf[2] = 0x95; // FRAME, with the length of everything after its header
+                buf[3..11].copy_from_slice(&((len - 11) as u64).to_le_bytes());
+                len
+            }
+            Encoding::Cbor => {
+                buf[pos] = 0xf6; // None
+                pos + 1
+            }
+        }
     }
 }
 
-/// The pickle of `(parent, tuple(tokens), None)` in `buf`, as [`encode_tokens`].
-/// Not plain: a token outside `i32`, fewer than 4 tokens (the short tuple opcodes),
-/// too many for one frame.
-#[inline]
-fn encode_pickle_tokens(buf: &mut Vec<u8>, width: usize, tokens: &[i64]) -> Option<usize> {
-    let n = tokens.len();
-    if !(4..=MAX_PICKLE_TOKENS).contains(&n) || width > 255 {
-        return None;
-    }
-    let header = 13 + width + 2;
-    prepare(buf, header + 5 * n + 6 + SLACK + SHA_PAD);
-    buf[..2].copy_from_slice(&[0x80, 5]); // PROTO 5
-    buf[11] = b'C'; // SHORT_BINBYTES
-    buf[12] = width as u8;
-    buf[13 + width..header].copy_from_slice(&[0x94, b'(']); // MEMOIZE, MARK
-    let mut pos = header;
-    for &token in tokens {
-        let v = i32::try_from(token).ok()? as u32;
+/// Pickle items of the `n` tokens from `start` at the start of `room` (5 bytes
+/// each at most, plus [`SLACK`]); returns their length, or `None` when the source
+/// cannot give them or a token is outside `i32`.
+#[inline(always)]
+fn pickle_items<S: TokenSource + ?Sized>(
+    room: &mut [u8],
+    source: &mut S,
+    start: usize,
+    n: usize,
+) -> Option<usize> {
+    let mut pos = 0u32; // 32-bit, so that `pos + 8` needs no overflow check
+                        // Nonzero once a token is outside `i32`: `t + 2^31` is below 2^32 exactly for
+                        // the others. Checked after the loop, which then has no exit of its own.
+    let mut beyond = 0u64;
+    let given = source.for_each(start, n, |token| {
+        beyond |= (token as u64).wrapping_add(1 << 31) >> 32;
+        let v = token as u32;
         // BININT1 (0..=255), BININT2 (256..=65535), else BININT: the shorter forms
         // are prefixes of the value's little-endian bytes. The opcode and length
         // are sums of the two comparisons (no table, no branch: token ids straddle
@@ -192,34 +306,31 @@ fn encode_pickle_tokens(buf: &mut Vec<u8>, width: usize, tokens: &[i64]) -> Opti
         let (over_1, over_2) = (u32::from(v > 0xff), u32::from(v > 0xffff));
         let op = u32::from(b'K') + 2 * over_1 - 3 * over_2; // 'K', 'M', 'J'
         let word = u64::from(op) | (u64::from(v) << 8);
-        buf[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
-        pos += (2 + over_1 + 2 * over_2) as usize; // 2, 3, 5
-    }
-    // TUPLE, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP
-    buf[pos..pos + 6].copy_from_slice(&[b't', 0x94, b'N', 0x87, 0x94, b'.']);
-    let len = pos + 6;
-    buf[2] = 0x95; // FRAME, with the length of everything after its header
-    buf[3..11].copy_from_slice(&((len - 11) as u64).to_le_bytes());
-    Some(len)
+        let p = pos as usize;
+        room[p..p + 8].copy_from_slice(&word.to_le_bytes());
+        pos += 2 + over_1 + 2 * over_2; // 2, 3, 5
+    });
+    (given && beyond == 0).then_some(pos as usize)
 }
 
-/// The canonical CBOR of `[parent, [tokens], None]` in `buf`, as
-/// [`encode_tokens`]. Not plain: a token outside `-2^32..2^32` (the 9-byte
-/// integer form).
-#[inline]
-fn encode_cbor_tokens(buf: &mut Vec<u8>, width: usize, tokens: &[i64]) -> Option<usize> {
-    let n = tokens.len();
-    let offset = parent_offset(Encoding::Cbor, width)?;
-    prepare(buf, offset + width + 5 + 5 * n + 1 + SLACK + SHA_PAD);
-    buf[0] = 0x83; // array of 3
-    write_head(&mut buf[1..], 0x40, width as u64); // byte string
-    let mut pos = offset + width;
-    pos += write_head(&mut buf[pos..], 0x80, n as u64);
-    for &token in tokens {
+/// CBOR items of the `n` tokens from `start` at the start of `room`, as
+/// [`pickle_items`]; `None` for a token outside `-2^32..2^32` (the 9-byte integer
+/// form).
+#[inline(always)]
+fn cbor_items<S: TokenSource + ?Sized>(
+    room: &mut [u8],
+    source: &mut S,
+    start: usize,
+    n: usize,
+) -> Option<usize> {
+    let mut pos = 0u32;
+    let mut beyond = 0u64;
+    let given = source.for_each(start, n, |token| {
         // Major type 0 holds v, major type 1 holds -1 - v; both as the magnitude m.
         let major = ((token >> 63) as u8) & 0x20;
-        let m = (token ^ (token >> 63)) as u64;
-        let m = u32::try_from(m).ok()?;
+        let magnitude = (token ^ (token >> 63)) as u64;
+        beyond |= magnitude >> 32;
+        let m = magnitude as u32;
         let (over_1, over_2, over_3) = (
             u32::from(m >= 24),
             u32::from(m >= 0x100),
@@ -235,11 +346,11 @@ fn encode_cbor_tokens(buf: &mut Vec<u8>, width: usize, tokens: &[i64]) -> Option
         } else {
             u64::from(major | (0x17 + (over_1 + over_2 + over_3) as u8)) | (be << 8)
         };
-        buf[pos..pos + 8].copy_from_slice(&word.to_le_bytes());
-        pos += 1 + extra_bytes as usize;
-    }
-    buf[pos] = 0xf6; // None
-    Some(pos + 1)
+        let p = pos as usize;
+        room[p..p + 8].copy_from_slice(&word.to_le_bytes());
+        pos += 1 + extra_bytes;
+    });
+    (given && beyond == 0).then_some(pos as usize)
 }
 
 /// A CBOR head of `major` with argument `arg` (shortest form) at the start of
@@ -280,13 +391,31 @@ fn prepare(buf: &mut Vec<u8>, len: usize) {
     }
 }
 
-/// SHA-256 of `buf[..len]`, padding `buf` in place after the message (the encoders
-/// above leave room for it).
-pub(super) fn sha256_in_place(buf: &mut [u8], len: usize) -> Digest {
+/// Pads the message `buf[..len]` for SHA-256 in place (the encoders leave room);
+/// returns the padded length, a multiple of 64.
+#[inline]
+fn pad_sha256(buf: &mut [u8], len: usize) -> usize {
     let padded = (len + 9).div_ceil(64) * 64;
     buf[len] = 0x80;
     buf[len + 1..padded - 8].fill(0);
     buf[padded - 8..padded].copy_from_slice(&((len as u64) * 8).to_be_bytes());
+    padded
+}
+
+/// The digest of a finished SHA-256 state.
+#[inline]
+fn sha256_digest(state: &[u32; 8]) -> Digest {
+    let mut bytes = [0u8; 32];
+    for (out, word) in bytes.chunks_exact_mut(4).zip(state) {
+        out.copy_from_slice(&word.to_be_bytes());
+    }
+    Digest::from_bytes(&bytes)
+}
+
+/// SHA-256 of `buf[..len]`, padding `buf` in place after the message.
+#[cfg(test)]
+fn sha256_in_place(buf: &mut [u8], len: usize) -> Digest {
+    let padded = pad_sha256(buf, len);
     let mut state = SHA256_INIT;
     for block in buf[..padded].chunks_exact(64) {
         sha2::compress256(
@@ -294,11 +423,7 @@ pub(super) fn sha256_in_place(buf: &mut [u8], len: usize) -> Digest {
             std::slice::from_ref(GenericArray::from_slice(block)),
         );
     }
-    let mut bytes = [0u8; 32];
-    for (out, word) in bytes.chunks_exact_mut(4).zip(state) {
-        out.copy_from_slice(&word.to_be_bytes());
-    }
-    Digest::from_bytes(&bytes)
+    sha256_digest(&state)
 }
 
 /// SHA-256's initial hash value (FIPS 180-4, 5.3.3).
@@ -321,8 +446,9 @@ mod tests {
         } else {
             Encoding::Cbor
         };
-        let len = encode_tokens(encoding, buf, parent.len(), tokens)?;
-        let offset = parent_offset(encoding, parent.len())?;
+        let layout = Layout::new(encoding, parent.len())?;
+        let len = layout.encode(buf, &mut &tokens[..], 0, tokens.len())?;
+        let offset = layout.parent_offset;
         buf[offset..offset + parent.len()].copy_from_slice(parent);
         Some(len)
     }
@@ -405,6 +531,68 @@ mod tests {
                     let expected = Sha256::digest(general(&parent, &tokens, pickle));
                     prop_assert_eq!(digest.as_bytes(), &expected[..]);
                 }
+            }
+        }
+    }
+
+    /// A source that cannot give tokens at or past `fail_at`.
+    struct Failing<'a> {
+        tokens: &'a [i64],
+        fail_at: usize,
+    }
+
+    impl TokenSource for Failing<'_> {
+        fn len(&self) -> usize {
+            self.tokens.len()
+        }
+
+        fn tokens(&mut self, start: usize, n: usize) -> Option<&[i64]> {
+            (start + n <= self.fail_at).then(|| &self.tokens[start..start + n])
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn chains_equal_block_by_block_hashing_and_stop_where_the_source_does(
+            tokens in prop::collection::vec(edge_token(), 0..200),
+            block_size in 1usize..40,
+            algo in prop::sample::select(HashAlgo::ALL.to_vec()),
+            fail_at in 0usize..220,
+            first in 0usize..3,
+        ) {
+            let root = super::super::none_hash(algo, "seed");
+            let full = tokens.len() / block_size;
+            let mut general = super::super::BlockHasher::new(algo);
+            let mut expected = Vec::new();
+            let mut parent = root;
+            for block in tokens.chunks_exact(block_size).skip(first) {
+                parent = general.hash_block(&parent, block, None);
+                expected.push(parent);
+            }
+            let plain = |t: &[i64]| {
+                let short = algo.encoding() == Encoding::Pickle && t.len() < 4;
+                let range = if algo.encoding() == Encoding::Pickle {
+                    i64::from(i32::MIN)..=i64::from(i32::MAX)
+                } else {
+                    -(1i64 << 32)..=(1i64 << 32) - 1
+                };
+                !short && t.iter().all(|v| range.contains(v))
+            };
+            // The chain stops before the first block that is not plain or not given.
+            let stop = (first..full)
+                .find(|&b| {
+                    let t = &tokens[b * block_size..(b + 1) * block_size];
+                    !plain(t) || (b + 1) * block_size > fail_at
+                })
+                .unwrap_or(full.max(first));
+            let mut bufs = [Vec::new(), Vec::new()];
+            let mut out = Vec::new();
+            let mut source = Failing { tokens: &tokens, fail_at };
+            let hashed = hash_chain(algo, &root, &mut source, block_size, first..full, &mut bufs, &mut out);
+            prop_assert_eq!(hashed, stop - first.min(stop));
+            let width = algo.digest_len();
+            for (i, digest) in out.chunks_exact(width).enumerate() {
+                prop_assert_eq!(digest, expected[i].as_bytes());
             }
         }
     }
