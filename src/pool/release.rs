@@ -169,20 +169,19 @@ impl ReleaseRun<'_, '_> {
         } else {
             left.next()
         } {
-            if SKIP_NULL && id == 0 {
-                continue;
-            }
             let Some(meta) = self.metas.get_mut(id as usize) else {
                 outcome = Err((processed(&left), id));
                 break;
             };
+            // The null block (count 0, never on the queue) fails this test too, and is
+            // skipped out of line.
             if meta.ref_cnt == 1 && !(CACHING && meta.is_cached()) {
                 // Uncached: straight onto the free queue's stack, below the blocks
                 // this call put there before.
                 cursor -= 1;
                 self.slots[cursor] = id;
                 *meta = BlockMeta::stacked(cursor as u32);
-            } else if !Self::other(meta, id, self.to_tail) {
+            } else if !(SKIP_NULL && id == 0) && !Self::other(meta, id, self.to_tail) {
                 outcome = Err((processed(&left), id));
                 break;
             }
