@@ -70,6 +70,15 @@ def test_every_edge_value_reads_as_the_array_does(algo: str) -> None:
         assert ref.BlockHasher(4, hash_algo=algo).hash_tokens(chunk) == expected
 
 
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("tokens", [[], [5], [1, 2, 3]], ids=repr)
+def test_lists_without_a_full_block_hash_to_nothing(algo: str, tokens: list[int]) -> None:
+    # An empty list has no item array at all (a null pointer in CPython): nothing is read.
+    hasher = core.BlockHasher(4, hash_algo=algo)
+    assert hasher.hash_tokens(tokens).to_list() == []
+    assert hasher.hash_tokens(tuple(tokens)).to_list() == []
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     tokens=st.lists(st.one_of(st.sampled_from(EDGES), st.integers(-(2**63), 2**63 - 1),

@@ -261,9 +261,13 @@ mod fast {
         if start.checked_add(n).is_none_or(|end| end > len) {
             return false;
         }
-        // SAFETY: `start + n` is within the list's length, read above; no Python code
-        // runs here (`f` is Rust code that cannot call into Python: it gets no token),
-        // so the item array holds these live objects throughout.
+        if n == 0 {
+            return true; // (an empty list's item array may be null)
+        }
+        // SAFETY: `start + n` is within the list's length, read above, and `n > 0`, so
+        // the item array is allocated; no Python code runs here (`f` is Rust code that
+        // cannot call into Python: it gets no token), so the array holds these live
+        // objects throughout.
         let items = unsafe {
             let list = ptr as *mut ffi::PyListObject;
             std::slice::from_raw_parts((*list).ob_item.add(start), n)
@@ -306,8 +310,12 @@ mod fast {
         if out.len() != n {
             out.resize(n, 0);
         }
+        if n == 0 {
+            return true; // (an empty list's item array may be null)
+        }
         // SAFETY: `start + n` is within the list's length, read above with no Python
-        // code run since (none runs here); the item array holds `len` live objects.
+        // code run since (none runs here), and `n > 0`, so the item array is allocated
+        // and holds `len` live objects.
         let items = unsafe {
             let list = ptr as *mut ffi::PyListObject;
             std::slice::from_raw_parts((*list).ob_item.add(start), n)
