@@ -219,14 +219,18 @@ mod fast {
         out: &mut Vec<i64>,
         mut slow: impl FnMut(&Bound<'_, PyAny>) -> PyResult<i64>,
     ) -> PyResult<()> {
-        out.reserve(list.len());
         let ptr = list.as_ptr();
+        // SAFETY: `ptr` is a live list and the GIL is held (the `Bound`).
+        let initial = unsafe { ffi::PyList_GET_SIZE(ptr) };
+        out.reserve(initial as usize);
         let mut i = 0;
-        // The length is read again on every step: `slow` may run Python code that
-        // changes the list. Nothing else can while this thread holds the GIL.
-        // SAFETY: `ptr` is a live list and the GIL is held; `i` is below its current
-        // length, so the item is a live object the list holds a reference to.
-        while i < unsafe { ffi::PyList_GET_SIZE(ptr) } {
+        // As PyO3's list iterator: items up to the list's length when the call began,
+        // or its current length if that is less. The length is read again on every
+        // step: `slow` may run Python code that changes the list; nothing else can
+        // while this thread holds the GIL.
+        // SAFETY: `i` is below the list's current length, so the item is a live
+        // object the list holds a reference to.
+        while i < initial.min(unsafe { ffi::PyList_GET_SIZE(ptr) }) {
             let item = unsafe { ffi::PyList_GET_ITEM(ptr, i) };
             match unsafe { read(item) } {
                 Some(v) => out.push(v),
@@ -242,9 +246,6 @@ mod fast {
         Ok(())
     }
 
-    /// Items `start..start + n` of `list` into `out` (replacing its contents);
-    /// false when the range is past the list's end or an item is not a plain int of
-    /// at most two digits.
     /// Calls `f` on the values of items `start..start + n` of `list`; false (having
     /// called it on the items before) at the first that is not a plain int of at
     /// most two digits, or when the range is past the list's end.
@@ -293,6 +294,9 @@ mod fast {
         true
     }
 
+    /// Items `start..start + n` of `list` into `out` (replacing its contents);
+    /// false when the range is past the list's end or an item is not a plain int of
+    /// at most two digits.
     pub fn read_range(
         list: &Bound<'_, PyList>,
         start: usize,
