@@ -881,3 +881,46 @@ def test_extend_needs_a_block_hash_list() -> None:
     with pytest.raises(DtypeError):
         pool.cache_full_blocks(blocks, [b"a"], 0, 1, lora_name=3)
     assert pool.get_num_cached_blocks() == 0
+
+
+@SETTINGS
+@given(data=st.data())
+def test_hash_blocks_from_continues_a_chain_at_any_block(data: st.DataObject) -> None:
+    """``hash_blocks_from(parent, tokens, start)`` is the tail of the whole chain from ``start``
+    (parent: the hash of block ``start - 1``), with extra keys walked as vLLM resumes them; the
+    Rust hasher and the reference agree, and only the tokens from ``start`` on are read."""
+    algo = data.draw(st.sampled_from(ALGOS), label="algo")
+    block_size = data.draw(st.integers(1, 8), label="block_size")
+    tokens = data.draw(st.lists(st.integers(-(2**40), 2**40) | st.integers(0, 300), max_size=60), label="tokens")
+    n_blocks = len(tokens) // block_size
+    extras: dict[str, Any] = {}
+    if data.draw(st.booleans(), label="lora"):
+        extras["lora"] = ("ad", data.draw(st.sampled_from(["ad", "/p/ad"]), label="path"))
+    if data.draw(st.booleans(), label="salt"):
+        extras["cache_salt"] = data.draw(st.sampled_from(["", "s1"]), label="salt value")
+    if data.draw(st.booleans(), label="mm") and len(tokens) > 2:
+        pos, mm = 0, []
+        while pos < len(tokens) - 1 and len(mm) < 3:
+            pos += data.draw(st.integers(0, 6), label="gap")
+            length = data.draw(st.integers(1, 10), label="length")
+            mm.append((f"img{len(mm)}", pos, length))
+            pos += length
+        extras["mm_features"] = mm
+    start = data.draw(st.integers(0, n_blocks + 1), label="start")
+    for hasher in hashers(block_size, algo):
+        whole = as_list(hasher.hash_tokens(tokens, **extras))
+        parent = whole[start - 1] if 0 < start <= len(whole) else None
+        assume(start == 0 or start <= len(whole))
+        assert hasher.hash_blocks_from(parent, tokens, start, **extras) == whole[start:]
+        # The tokens before block `start` are not read.
+        if start and start * block_size <= len(tokens):
+            hidden: list[Any] = ["not a token"] * (start * block_size) + tokens[start * block_size:]
+            assert hasher.hash_blocks_from(parent, hidden, start, **extras) == whole[start:]
+    # At block 0 a parent given replaces NONE_HASH: block 0 chained to it.
+    if n_blocks:
+        rust_and_ref = [h.hash_blocks_from(b"p" * 32, tokens, 0, **extras) for h in hashers(block_size, algo)]
+        assert rust_and_ref[0] == rust_and_ref[-1]
+        assert rust_and_ref[0][0] == hashers(block_size, algo)[-1].hash_block(
+            b"p" * 32, tokens[:block_size], None if not extras else ref.block_extra_keys(
+                ref.as_request_extras(extras.get("lora"), extras.get("cache_salt"), extras.get("mm_features"), None),
+                block_size, 0))

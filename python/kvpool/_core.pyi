@@ -358,6 +358,24 @@ class BlockHasher:
         """Hashes every full block of ``token_ids`` (numpy int array or list), with the
         request's extra keys. Returns a ``BlockHashList``.
         """
+    def hash_blocks_from(
+        self,
+        parent: bytes | None,
+        token_ids: _IdsLike,
+        start_block: int,
+        *,
+        lora: _LoraSpec | None = None,
+        cache_salt: str | None = None,
+        mm_features: Sequence[_MmFeatureSpec] | None = None,
+        prompt_embed_digests: Sequence[bytes] | None = None,
+    ) -> list[bytes]:
+        """The hashes of the full blocks of ``token_ids`` (a request's tokens so far) from
+        block ``start_block`` on, the first chained to ``parent`` (the hash of block
+        ``start_block - 1``; None: this hasher's ``NONE_HASH``), as a list of ``bytes``:
+        what vLLM's ``request_block_hasher`` appends to ``request.block_hashes``.
+        Multimodal inputs are walked from ``start_block`` as vLLM's hasher resumes.
+        Only the tokens from block ``start_block`` on are read (a list's in place).
+        """
     def hash_tokens_many(self, token_lists: Sequence[_IdsLike]) -> list[BlockHashList]:
         """Hashes several requests' tokens in one call; returns one ``BlockHashList`` each."""
     def extend(

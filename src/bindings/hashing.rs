@@ -12,8 +12,8 @@ pub use super::hash_list::PyBlockHashList;
 use super::int_reader::ListTokens;
 use super::locking::{with_detached, with_lock};
 use crate::pool::hashing::{
-    self, none_hash, BlockHasher, ExtraObjects, HashAlgo, MmFeature, ObjectId, TokenSource, Value,
-    MAX_DEPTH,
+    self, none_hash, BlockHasher, ExtraObjects, HashAlgo, MmFeature, ObjectId, Offset, TokenSource,
+    Value, MAX_DEPTH,
 };
 use crate::pool::{HashSlice, SequenceExtras};
 
@@ -454,6 +454,125 @@ impl PyBlockHasher {
             .collect())
     }
 
+    /// The hashes of the full blocks of ``token_ids`` (a request's tokens so far) from
+    /// block ``start_block`` on, the first chained to ``parent`` (the hash of block
+    /// ``start_block - 1``; None: this hasher's ``NONE_HASH``), as a list of ``bytes``:
+    /// what vLLM's ``request_block_hasher`` appends to ``request.block_hashes``.
+    /// Multimodal inputs are walked from ``start_block`` as vLLM's hasher resumes.
+    /// Only the tokens from block ``start_block`` on are read (a list's in place).
+    #[pyo3(signature = (parent, token_ids, start_block, *, lora=None, cache_salt=None, mm_features=None, prompt_embed_digests=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn hash_blocks_from<'py>(
+        &self,
+        py: Python<'py>,
+        parent: Option<&Bound<'py, PyAny>>,
+        token_ids: &Bound<'py, PyAny>,
+        start_block: &Bound<'py, PyAny>,
+        lora: Option<&Bound<'py, PyAny>>,
+        cache_salt: Option<&Bound<'py, PyAny>>,
+        mm_features: Option<&Bound<'py, PyAny>>,
+        prompt_embed_digests: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let start = int_arg(start_block, "start_block", 0, i64::MAX)? as usize;
+        let parent: Vec<u8> = match parent.filter(|p| !p.is_none()) {
+            None => self.none_hash.clone(),
+            Some(p) => {
+                let b = p.cast::<PyBytes>().map_err(|_| {
+                    error(
+                        py,
+                        ErrorKind::Dtype,
+                        format!("parent must be bytes or None, got {}", type_name(p)),
+                    )
+                })?;
+                let b = b.as_bytes();
+                if b.is_empty() || b.len() > hashing::MAX_DIGEST_LEN {
+                    return Err(error(
+                        py,
+                        ErrorKind::HashWidth,
+                        format!(
+                            "parent is {} bytes wide; a hash must have 1 to 32 bytes",
+                            b.len()
+                        ),
+                    ));
+                }
+                b.to_vec()
+            }
+        };
+        let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
+        let (bs, width) = (self.block_size, self.algo.digest_len());
+        let mut out = Vec::new();
+        // Only the tokens from block `start` on are read. A list is read in place (a
+        // decode step's new block reads 16 tokens, not the whole request); where that
+        // stops (an item that is not a plain int), the rest of the list is converted
+        // and hashing continues from there.
+        let mut done = 0;
+        if let Some(mut source) = token_ids
+            .cast::<PyList>()
+            .ok()
+            .filter(|list| list.len() <= 4096)
+            .and_then(ListTokens::new)
+        {
+            done = with_lock(py, &self.hasher, |hasher| {
+                hasher.extend_chain_from(
+                    &parent,
+                    &mut source,
+                    bs,
+                    start,
+                    &extras.inputs(),
+                    &mut out,
+                )
+            });
+            let full = extras.inputs().hashable_blocks(source.len() / bs);
+            let from = (start * bs).min(source.len()).max(full * bs);
+            if start + done >= full && source.tokens(from, source.len() - from).is_some() {
+                return hash_list(py, &out, width);
+            }
+        }
+        let next_parent = if done > 0 {
+            out[out.len() - width..].to_vec()
+        } else {
+            parent
+        };
+        let skip = start.saturating_mul(bs);
+        let rest = if skip == 0 {
+            token_ids.clone()
+        } else {
+            token_ids
+                .get_item(pyo3::types::PySlice::new(py, skip as isize, isize::MAX, 1))
+                .map_err(|_| {
+                    error(
+                        py,
+                        ErrorKind::Dtype,
+                        format!(
+                            "token_ids must be a 1-D numpy integer array or a sequence of ints, got {}",
+                            type_name(token_ids)
+                        ),
+                    )
+                })?
+        };
+        let chain = |hasher: &mut BlockHasher, tokens: &[i64], out: &mut Vec<u8>| {
+            let mut source = Offset::new(tokens, skip);
+            hasher.extend_chain_from(
+                &next_parent,
+                &mut source,
+                bs,
+                start + done,
+                &extras.inputs(),
+                out,
+            )
+        };
+        with_i64s(&rest, "token_ids", |tokens| {
+            if tokens.len() > 4096 {
+                // Long: hashed with the GIL released, on a copy the caller cannot change.
+                let tokens = tokens.to_vec();
+                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens, &mut out))
+            } else {
+                with_lock(py, &self.hasher, |hasher| chain(hasher, tokens, &mut out))
+            }
+        })?;
+        hash_list(py, &out, width)
+    }
+
     /// Appends to ``hashes`` the hashes of the full blocks of ``token_ids`` (all of
     /// the request's tokens so far) that it lacks; the old blocks are not rehashed.
     /// Returns the number of new hashes.
@@ -637,4 +756,9 @@ pub fn hash_slice_of(flat: &[u8], width: usize) -> HashSlice<'_> {
     } else {
         HashSlice::new(flat, width).unwrap_or_else(|_| HashSlice::empty())
     }
+}
+
+/// Flat digests of `width` bytes as a list of `bytes`.
+fn hash_list<'py>(py: Python<'py>, flat: &[u8], width: usize) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, flat.chunks_exact(width).map(|d| PyBytes::new(py, d)))
 }

@@ -181,7 +181,9 @@ impl ReleaseRun<'_, '_> {
                 cursor -= 1;
                 self.slots[cursor] = id;
                 *meta = BlockMeta::stacked(cursor as u32);
-            } else if !(SKIP_NULL && id == 0) && !Self::other(meta, id, self.to_tail) {
+            } else if SKIP_NULL && id == 0 {
+                // The null block: never freed.
+            } else if !Self::other(meta, id, self.to_tail) {
                 outcome = Err((processed(&left), id));
                 break;
             }

@@ -458,6 +458,16 @@ def _as_hash_chain(hashes: Any, hash_algo: str) -> list[bytes]:
     return hashes
 
 
+def _check_parent(parent: Any) -> None:
+    """A parent hash is ``bytes`` of 1 to 32 bytes, or None."""
+    if parent is not None and not isinstance(parent, bytes):
+        raise DtypeError(f"parent must be bytes or None, not {type(parent).__name__}")
+    if parent is not None and not 1 <= len(parent) <= 32:
+        raise HashWidthError(
+            f"parent is {len(parent)} bytes wide; a hash must have 1 to 32 bytes (None for no parent)"
+        )
+
+
 class BlockHasher:
     """Hashes token blocks into chains of vLLM-compatible block hashes (``kvpool.BlockHasher``'s API).
 
@@ -547,17 +557,40 @@ class BlockHasher:
         tokens = as_token_ids(token_ids)
         return self.update_chain(chain, tokens, extras)
 
+    def hash_blocks_from(
+        self,
+        parent: bytes | None,
+        token_ids: Any,
+        start_block: Any,
+        *,
+        lora: tuple[str, str] | None = None,
+        cache_salt: str | None = None,
+        mm_features: Sequence[tuple[str, int, int]] | None = None,
+        prompt_embed_digests: Sequence[bytes] | None = None,
+    ) -> list[bytes]:
+        """The hashes of the full blocks of ``token_ids`` (a request's tokens so far) from block
+        ``start_block`` on, the first chained to ``parent`` (the hash of block ``start_block - 1``;
+        None: this hasher's ``NONE_HASH``): what vLLM's ``request_block_hasher`` appends to
+        ``request.block_hashes``. Only the tokens from block ``start_block`` on are read."""
+        start = as_int_arg(start_block, "start_block", 0)
+        _check_parent(parent)
+        extras = as_request_extras(lora, cache_salt, mm_features, prompt_embed_digests)
+        skip = start * self._block_size
+        rest = as_token_ids(token_ids[skip:])
+        if skip > len(token_ids):
+            return []
+        # request_block_hashes reads only the length and the last of the hashes before; at
+        # block 0 the parent stands in for NONE_HASH.
+        none = parent if start == 0 and parent is not None else self._none_hash
+        return request_block_hashes(self._hash_fn, none, self._block_size, [0] * skip + rest,
+                                    extras, [parent] * start)  # type: ignore[list-item]
+
     def hash_block(self, parent: bytes | None, token_ids: Any, extra_keys: Any = None) -> bytes:
         """One block's hash: ``H((parent or NONE_HASH, tuple(token_ids), extra_keys))``.
 
         ``extra_keys`` is any None/int/bytes/str/tuple value (vLLM's tagged tuples, say).
         """
-        if parent is not None and not isinstance(parent, bytes):
-            raise DtypeError(f"parent must be bytes or None, not {type(parent).__name__}")
-        if parent is not None and not 1 <= len(parent) <= 32:
-            raise HashWidthError(
-                f"parent is {len(parent)} bytes wide; a hash must have 1 to 32 bytes (None for no parent)"
-            )
+        _check_parent(parent)
         tokens = as_token_ids(token_ids)
         keys = as_hash_input(extra_keys)
         return hash_block_tokens(self._hash_fn, self._none_hash, parent, tokens, keys)

@@ -18,14 +18,19 @@ from typing import Any
 _NAMES = {
     "COUNTS": "kvpool.vllm._manager",
     "FALLBACK_REASONS": "kvpool.vllm._manager",
+    "HASHING_FALLBACKS": "kvpool.vllm.hashing",
     "KVCacheManager": "kvpool.vllm._manager",
     "VllmKVCacheManager": "kvpool.vllm._manager",
+    "get_request_block_hasher": "kvpool.vllm.hashing",
     "unsupported_reason": "kvpool.vllm._manager",
     "AsyncScheduler": "kvpool.vllm.scheduler",
     "KvpoolEventPublisher": "kvpool.vllm.events",
     "Scheduler": "kvpool.vllm.scheduler",
     "install": "kvpool.vllm.scheduler",
 }
+
+#: Names exported under another name than their module's.
+_ALIASES = {"HASHING_FALLBACKS": "FALLBACKS"}
 
 __all__ = sorted(_NAMES)
 
@@ -34,4 +39,4 @@ def __getattr__(name: str) -> Any:
     module = _NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'kvpool.vllm' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    return getattr(importlib.import_module(module), _ALIASES.get(name, name))

@@ -6,7 +6,8 @@ vLLM's ``Scheduler.__init__`` builds its manager through the module global
 ``Scheduler`` and ``AsyncScheduler`` install it when first built, for
 ``--scheduler-cls kvpool.vllm.Scheduler``; a class given there bypasses vLLM's automatic
 choice of the async scheduler, hence both. ``install()`` also makes ``--kv-events-config``'s
-``zmq`` publisher kvpool's, with vLLM's wire.
+``zmq`` publisher kvpool's, with vLLM's wire, and the engine core's request block hasher
+kvpool's (the same hashes, computed in Rust).
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 
 from kvpool.vllm._manager import KVCacheManager
 from kvpool.vllm.events import register as register_publisher
+from kvpool.vllm.hashing import install as install_hashing
 
 
 def install() -> None:
     """Make vLLM's schedulers (and vLLM's module name ``KVCacheManager``) build kvpool's
-    manager, and vLLM's ``zmq`` KV-event publisher kvpool's (:mod:`kvpool.vllm.events`)."""
+    manager, vLLM's ``zmq`` KV-event publisher kvpool's (:mod:`kvpool.vllm.events`), and
+    vLLM's engine core hash request blocks with kvpool (:mod:`kvpool.vllm.hashing`)."""
     _scheduler_module.KVCacheManager = KVCacheManager
     _kv_cache_manager_module.KVCacheManager = KVCacheManager
     register_publisher()
+    install_hashing()
 
 
 class Scheduler(_VllmScheduler):  # type: ignore[misc]

@@ -152,31 +152,50 @@ impl BlockHasher {
         extra: &ExtraKeyInputs<'_>,
         out: &mut Vec<u8>,
     ) -> usize {
+        self.extend_chain_from(
+            parent,
+            &mut &tokens[..],
+            block_size,
+            start_block,
+            extra,
+            out,
+        )
+    }
+
+    /// [`Self::extend_chain`] with the tokens read from `source`, one block at a
+    /// time: a source that decodes them (a Python list) reads only the blocks hashed.
+    /// Stops before the first block `source` cannot give.
+    ///
+    /// Blocks without extra keys take the short path ([`super::plain`]): a request
+    /// without any, block after block; one with some (a cache salt on its first
+    /// block, images in a few), on each block that has none.
+    pub fn extend_chain_from<S: TokenSource + ?Sized>(
+        &mut self,
+        parent: &[u8],
+        source: &mut S,
+        block_size: usize,
+        start_block: usize,
+        extra: &ExtraKeyInputs<'_>,
+        out: &mut Vec<u8>,
+    ) -> usize {
         if block_size == 0 {
             return 0;
         }
-        let end_block = extra.hashable_blocks(tokens.len() / block_size);
+        let end_block = extra.hashable_blocks(source.len() / block_size);
         if start_block >= end_block {
             return 0;
         }
-        out.reserve((end_block - start_block) * self.algo.digest_len());
+        let width = self.algo.digest_len();
+        out.reserve((end_block - start_block) * width);
         let plain = extra.is_empty();
-        let mut prev: Option<Digest> = None;
         let mut hashed = 0;
         if plain {
             // The short path, up to the first block it cannot take (if any).
-            hashed =
-                self.extend_plain_chain(parent, &mut &tokens[..], block_size, start_block, out);
-            if hashed > 0 {
-                prev = Some(Digest::from_bytes(&out[out.len() - parent.len()..]));
-            }
+            hashed = self.extend_plain_chain(parent, source, block_size, start_block, out);
         }
-        let start_block = start_block + hashed;
-        let mut cursor = extra.mm_cursor(start_block, block_size);
-        // start_block <= end_block <= tokens.len() / block_size: the slice is in bounds.
-        let blocks =
-            tokens[start_block * block_size..end_block * block_size].chunks_exact(block_size);
-        for (block_index, block) in (start_block..).zip(blocks) {
+        let first = start_block + hashed;
+        let mut cursor = extra.mm_cursor(first, block_size);
+        for block_index in first..end_block {
             let keys = if plain {
                 BlockExtraKeys::NONE
             } else {
@@ -185,10 +204,21 @@ impl BlockHasher {
                     None => break, // no digest (not reached: end_block stops first)
                 }
             };
-            let p: &[u8] = prev.as_ref().map_or(parent, |d| d.as_bytes());
-            let d = self.hash_block_keys(p, block, &keys);
+            let last = (hashed > 0).then(|| Digest::from_bytes(&out[out.len() - width..]));
+            let p: &[u8] = last.as_ref().map_or(parent, |d| d.as_bytes());
+            if keys.is_empty() {
+                let one = block_index..block_index + 1;
+                let bufs = &mut self.plain_bufs;
+                if plain::hash_chain(self.algo, p, source, block_size, one, bufs, out) == 1 {
+                    hashed += 1;
+                    continue;
+                }
+            }
+            let Some(tokens) = source.tokens(block_index * block_size, block_size) else {
+                break;
+            };
+            let d = self.hash_block_keys(p, tokens, &keys);
             out.extend_from_slice(&d);
-            prev = Some(d);
             hashed += 1;
         }
         hashed

@@ -50,5 +50,5 @@ pub use cbor::encode_cbor;
 pub use chain::{hash_request_blocks, none_hash, BlockHasher, DEFAULT_NONE_HASH_SEED};
 pub use extra::{BlockExtraKeys, ExtraKeyInputs, ExtraObjects, MmCursor, MmFeature, ObjectId};
 pub use pickle::encode_pickle;
-pub use plain::TokenSource;
+pub use plain::{Offset, TokenSource};
 pub use value::{Value, MAX_DEPTH};

@@ -72,6 +72,41 @@ impl TokenSource for &[i64] {
     }
 }
 
+/// A request's tokens from token `offset` on (the ones before are not given): hashing
+/// resumed at a later block reads no earlier token.
+///
+/// ```
+/// use kvpool::pool::hashing::{Offset, TokenSource};
+/// let rest = [7i64, 8, 9];
+/// let mut source = Offset::new(&rest[..], 4);
+/// assert_eq!(source.len(), 7);
+/// assert_eq!(source.tokens(4, 2), Some(&[7, 8][..]));
+/// assert_eq!(source.tokens(3, 2), None);
+/// ```
+pub struct Offset<'a> {
+    tokens: &'a [i64],
+    offset: usize,
+}
+
+impl<'a> Offset<'a> {
+    /// `tokens` as the request's tokens `offset..`.
+    pub fn new(tokens: &'a [i64], offset: usize) -> Self {
+        Self { tokens, offset }
+    }
+}
+
+impl TokenSource for Offset<'_> {
+    fn len(&self) -> usize {
+        self.tokens.len() + self.offset
+    }
+
+    #[inline]
+    fn tokens(&mut self, start: usize, n: usize) -> Option<&[i64]> {
+        let start = start.checked_sub(self.offset)?;
+        self.tokens.get(start..start + n)
+    }
+}
+
 /// Hashes the blocks `blocks` (of `block_size` tokens from `source`) on the short
 /// path, chaining from `parent`, and appends the digests to `out`; returns how many
 /// it hashed, stopping before the first block that is not plain or that `source`
