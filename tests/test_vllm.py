@@ -63,6 +63,8 @@ def test_vllm_own_tests_pass_on_kvpool(name: str, vllm_tests: Path, tmp_path: Pa
     )
     tail = "\n".join(run.stdout.splitlines()[-12:])
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    # vLLM's tests make their requests' block hashers through kvpool's factory.
+    assert "request block hasher: kvpool's" in run.stdout, tail
     results = json.loads(report.read_text())
     by_kind: dict[str, int] = {}
     for row in results.values():
@@ -88,7 +90,9 @@ SELECT = textwrap.dedent("""
         scheduler = create_scheduler(enable_prefix_caching=True, scheduler_cls=cls,
                                      async_scheduling="Async" in mode)
     manager = scheduler.kv_cache_manager
-    print(type(scheduler).__module__, type(manager).__module__ + "." + type(manager).__name__)
+    import vllm.v1.engine.core as engine_core
+    hasher = engine_core.get_request_block_hasher
+    print(hasher.__module__, type(scheduler).__module__, type(manager).__module__ + "." + type(manager).__name__)
 """)
 
 
@@ -105,6 +109,8 @@ def test_scheduler_classes_and_the_plugin_select_kvpool(mode: str, env: dict[str
                          env=dict(vllm_env(vllm_tests), **env), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[-1] == "kvpool.vllm._manager.KVCacheManager", run.stdout
+    # The engine core's request block hasher factory is kvpool's too.
+    assert run.stdout.split()[-3] == "kvpool.vllm.hashing", run.stdout
 
 
 def test_without_the_flag_the_plugin_changes_nothing(vllm_tests: Path) -> None:
@@ -113,6 +119,7 @@ def test_without_the_flag_the_plugin_changes_nothing(vllm_tests: Path) -> None:
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[-1] == "vllm.v1.core.kv_cache_manager.KVCacheManager", run.stdout
+    assert run.stdout.split()[-3] == "vllm.v1.core.kv_cache_utils", run.stdout
 
 
 def test_differential_against_vllm_on_random_workloads(vllm_tests: Path, capsys: pytest.CaptureFixture[str]) -> None:
