@@ -43,6 +43,9 @@ _ALGORITHMS: dict[Callable[[Any], bytes], _Algo] = {
 #: Requests (or hashers, for the factory's reasons) hashed by vLLM's own function, by reason.
 FALLBACKS: dict[str, int] = {}
 
+#: Request block hashers the factory built on kvpool.
+BUILT = {"kvpool": 0}
+
 
 def _fallback(reason: str) -> None:
     FALLBACKS[reason] = FALLBACKS.get(reason, 0) + 1
@@ -64,6 +67,7 @@ def get_request_block_hasher(
         _fallback("lookahead hashing")
         return vllm_hasher
     hasher = kvpool.BlockHasher(hash_block_size, hash_algo=algo)
+    BUILT["kvpool"] += 1
     hash_blocks_from = hasher.hash_blocks_from
     kv_cache_utils = _kv_cache_utils
 

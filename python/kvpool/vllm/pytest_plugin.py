@@ -55,14 +55,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         if kind in table:
             counts = ", ".join(f"{n} {o}" for o, n in sorted(table[kind].items()))
             terminalreporter.write_line(f"tests on {kind} managers: {counts}")
-    import vllm.v1.core.kv_cache_utils as kv_cache_utils
-
     from kvpool.vllm import hashing
 
-    installed = kv_cache_utils.get_request_block_hasher is hashing.get_request_block_hasher
     fallbacks = ", ".join(f"{n} {r}" for r, n in sorted(hashing.FALLBACKS.items())) or "none"
     terminalreporter.write_line(
-        f"request block hasher: {'kvpool' if installed else 'vllm'}'s (vLLM's own for: {fallbacks})")
+        f"request block hashers built on kvpool: {hashing.BUILT['kvpool']} (vLLM's own hashed: {fallbacks})")
     path = os.environ.get("KVPOOL_VLLM_REPORT")
     if path:
         with open(path, "w") as f:
