@@ -137,12 +137,14 @@ def run(kind: str, n: int, budget: int, which: str, timed: bool,
     from vllm.sampling_params import SamplingParams
     from vllm.utils.gc_utils import freeze_gc_heap
     from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.kv_cache_utils import init_none_hash
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
     import kvpool.vllm
+    import kvpool.vllm.hashing as kvpool_hashing
     from kvpool.vllm._manager import VllmKVCacheManager
+    from kvpool.vllm.hashing import vllm_get_request_block_hasher
 
     caching = kind == "warmup"
     groups = LAYOUTS[LAYOUT]
@@ -157,7 +159,10 @@ def run(kind: str, n: int, budget: int, which: str, timed: bool,
     if len(groups) > 1:
         scheduler = with_groups(scheduler, groups, num_blocks)
     init_none_hash(sha256)
-    hasher = get_request_block_hasher(16, sha256)
+    # Each side hashes request blocks as vLLM does with its own manager or with kvpool's
+    # (kvpool.vllm.install() makes the engine core build kvpool's hasher).
+    factory = kvpool_hashing.get_request_block_hasher if which == "kvpool" else vllm_get_request_block_hasher
+    hasher = factory(16, sha256)
     # As vLLM's EngineCore does once the engine is built: the startup heap is frozen so
     # that collections during serving skip it (vllm/v1/engine/core.py, freeze_gc_heap).
     freeze_gc_heap()
