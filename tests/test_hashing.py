@@ -924,3 +924,25 @@ def test_hash_blocks_from_continues_a_chain_at_any_block(data: st.DataObject) ->
             b"p" * 32, tokens[:block_size], None if not extras else ref.block_extra_keys(
                 ref.as_request_extras(extras.get("lora"), extras.get("cache_salt"), extras.get("mm_features"), None),
                 block_size, 0))
+
+
+@pytest.mark.parametrize("start", [5, 2**31, 2**62, 2**63 - 1])
+@pytest.mark.parametrize("form", [list, tuple, np.array], ids=["list", "tuple", "array"])
+def test_hash_blocks_from_past_the_end_hashes_nothing(start: int, form: Any) -> None:
+    for block_size in (1, 16, 2**32 - 1):
+        for hasher in hashers(block_size, "sha256"):
+            assert as_list(hasher.hash_blocks_from(None, form(list(range(40))), start)) == [] or start * block_size < 40
+
+
+def test_hash_blocks_from_refuses_what_hash_block_refuses() -> None:
+    for hasher in hashers(4, "xxhash"):
+        with pytest.raises(DtypeError):
+            hasher.hash_blocks_from("not bytes", [1, 2, 3, 4], 0)
+        with pytest.raises(HashWidthError):
+            hasher.hash_blocks_from(b"", [1, 2, 3, 4], 0)
+        with pytest.raises(HashWidthError):
+            hasher.hash_blocks_from(b"x" * 33, [1, 2, 3, 4], 0)
+        with pytest.raises(InvalidArgumentError):
+            hasher.hash_blocks_from(None, [1, 2, 3, 4], -1)
+        with pytest.raises(DtypeError):
+            hasher.hash_blocks_from(None, [1, 2, 3, 4.5], 0)

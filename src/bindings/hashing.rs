@@ -330,6 +330,82 @@ pub struct PyBlockHasher {
     algo: HashAlgo,
 }
 
+impl PyBlockHasher {
+    /// Appends to `out` the hashes of the full blocks of `token_ids` from block `start`
+    /// on, the first chained to `parent`; reads only the tokens from block `start` on.
+    /// A list is read in place (only the blocks hashed), with no Python code run, so
+    /// the lock may be held; where that stops (an item that is not a plain int), the
+    /// rest is converted and hashing continues from there. Long inputs are hashed with
+    /// the GIL released, on a copy the caller cannot change.
+    fn chain_into(
+        &self,
+        py: Python<'_>,
+        parent: &[u8],
+        token_ids: &Bound<'_, PyAny>,
+        start: usize,
+        extras: &SequenceExtras,
+        out: &mut Vec<u8>,
+    ) -> PyResult<()> {
+        let (bs, width) = (self.block_size, self.algo.digest_len());
+        let mut done = 0;
+        if let Some(mut source) = token_ids
+            .cast::<PyList>()
+            .ok()
+            .filter(|list| list.len() <= 4096)
+            .and_then(ListTokens::new)
+        {
+            done = with_lock(py, &self.hasher, |hasher| {
+                hasher.extend_chain_from(parent, &mut source, bs, start, &extras.inputs(), out)
+            });
+            // Done when every block was hashed and the partial tail holds plain ints
+            // too (the general path would refuse anything else).
+            let full = extras.inputs().hashable_blocks(source.len() / bs);
+            let from = start.saturating_mul(bs).min(source.len()).max(full * bs);
+            if start + done >= full && source.tokens(from, source.len() - from).is_some() {
+                return Ok(());
+            }
+        }
+        let next_parent = if done > 0 {
+            out[out.len() - width..].to_vec()
+        } else {
+            parent.to_vec()
+        };
+        // (No sequence is longer than isize::MAX: a start beyond it skips everything.)
+        let skip = start.saturating_mul(bs).min(isize::MAX as usize);
+        let rest = if skip == 0 {
+            token_ids.clone()
+        } else {
+            token_ids
+                .get_item(pyo3::types::PySlice::new(py, skip as isize, isize::MAX, 1))
+                .map_err(|_| {
+                    error(
+                        py,
+                        ErrorKind::Dtype,
+                        format!(
+                            "token_ids must be a 1-D numpy integer array or a sequence of ints, got {}",
+                            type_name(token_ids)
+                        ),
+                    )
+                })?
+        };
+        let chain = |hasher: &mut BlockHasher, tokens: &[i64], out: &mut Vec<u8>| {
+            let mut source = Offset::new(tokens, skip);
+            let inputs = extras.inputs();
+            hasher.extend_chain_from(&next_parent, &mut source, bs, start + done, &inputs, out)
+        };
+        // The tokens are converted (or an int64 array borrowed) before the lock is taken.
+        with_i64s(&rest, "token_ids", |tokens| {
+            if tokens.len() > 4096 {
+                let tokens = tokens.to_vec();
+                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens, out))
+            } else {
+                with_lock(py, &self.hasher, |hasher| chain(hasher, tokens, out))
+            }
+        })?;
+        Ok(())
+    }
+}
+
 #[pymethods]
 impl PyBlockHasher {
     #[new]
@@ -381,44 +457,8 @@ impl PyBlockHasher {
         prompt_embed_digests: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyBlockHashList> {
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
-        let (none, bs, width) = (&self.none_hash, self.block_size, self.algo.digest_len());
-        // A short list without extra keys: its ints are read in place block by block
-        // as they are hashed (no Python code runs, so the lock may be held). Where
-        // that stops (an item that is not a plain int, a token beyond 32 bits), the
-        // list is converted the general way and hashing continues from there.
         let mut out = Vec::new();
-        if let Some(mut source) = token_ids
-            .cast::<PyList>()
-            .ok()
-            .filter(|list| list.len() <= 4096 && extras.inputs().is_empty())
-            .and_then(ListTokens::new)
-        {
-            out.reserve(source.len() / bs.max(1) * width);
-            with_lock(py, &self.hasher, |hasher| {
-                hasher.extend_plain_chain(none, &mut source, bs, 0, &mut out)
-            });
-            // Done when every block was hashed and the partial tail holds plain ints
-            // too (the general path would refuse anything else).
-            let full = source.len() / bs.max(1);
-            let tail = source.len() - full * bs;
-            if out.len() / width == full && source.tokens(full * bs, tail).is_some() {
-                return Ok(PyBlockHashList::new(out, self.algo));
-            }
-        }
-        let chain = |hasher: &mut BlockHasher, tokens: &[i64], out: &mut Vec<u8>| {
-            out.reserve(tokens.len() / bs.max(1) * width);
-            hasher.update_chain(none, tokens, bs, &extras.inputs(), out);
-        };
-        // The tokens are converted (or an int64 array borrowed) before the lock is taken.
-        with_i64s(token_ids, "token_ids", |tokens| {
-            if tokens.len() > 4096 {
-                // Long: hashed with the GIL released, on a copy the caller cannot change.
-                let tokens = tokens.to_vec();
-                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens, &mut out))
-            } else {
-                with_lock(py, &self.hasher, |hasher| chain(hasher, tokens, &mut out))
-            }
-        })?;
+        self.chain_into(py, &self.none_hash, token_ids, 0, &extras, &mut out)?;
         Ok(PyBlockHashList::new(out, self.algo))
     }
 
@@ -499,78 +539,9 @@ impl PyBlockHasher {
             }
         };
         let extras = extract_extras(py, lora, cache_salt, mm_features, prompt_embed_digests)?;
-        let (bs, width) = (self.block_size, self.algo.digest_len());
         let mut out = Vec::new();
-        // Only the tokens from block `start` on are read. A list is read in place (a
-        // decode step's new block reads 16 tokens, not the whole request); where that
-        // stops (an item that is not a plain int), the rest of the list is converted
-        // and hashing continues from there.
-        let mut done = 0;
-        if let Some(mut source) = token_ids
-            .cast::<PyList>()
-            .ok()
-            .filter(|list| list.len() <= 4096)
-            .and_then(ListTokens::new)
-        {
-            done = with_lock(py, &self.hasher, |hasher| {
-                hasher.extend_chain_from(
-                    &parent,
-                    &mut source,
-                    bs,
-                    start,
-                    &extras.inputs(),
-                    &mut out,
-                )
-            });
-            let full = extras.inputs().hashable_blocks(source.len() / bs);
-            let from = (start * bs).min(source.len()).max(full * bs);
-            if start + done >= full && source.tokens(from, source.len() - from).is_some() {
-                return hash_list(py, &out, width);
-            }
-        }
-        let next_parent = if done > 0 {
-            out[out.len() - width..].to_vec()
-        } else {
-            parent
-        };
-        let skip = start.saturating_mul(bs);
-        let rest = if skip == 0 {
-            token_ids.clone()
-        } else {
-            token_ids
-                .get_item(pyo3::types::PySlice::new(py, skip as isize, isize::MAX, 1))
-                .map_err(|_| {
-                    error(
-                        py,
-                        ErrorKind::Dtype,
-                        format!(
-                            "token_ids must be a 1-D numpy integer array or a sequence of ints, got {}",
-                            type_name(token_ids)
-                        ),
-                    )
-                })?
-        };
-        let chain = |hasher: &mut BlockHasher, tokens: &[i64], out: &mut Vec<u8>| {
-            let mut source = Offset::new(tokens, skip);
-            hasher.extend_chain_from(
-                &next_parent,
-                &mut source,
-                bs,
-                start + done,
-                &extras.inputs(),
-                out,
-            )
-        };
-        with_i64s(&rest, "token_ids", |tokens| {
-            if tokens.len() > 4096 {
-                // Long: hashed with the GIL released, on a copy the caller cannot change.
-                let tokens = tokens.to_vec();
-                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens, &mut out))
-            } else {
-                with_lock(py, &self.hasher, |hasher| chain(hasher, tokens, &mut out))
-            }
-        })?;
-        hash_list(py, &out, width)
+        self.chain_into(py, &parent, token_ids, start, &extras, &mut out)?;
+        hash_list(py, &out, self.algo.digest_len())
     }
 
     /// Appends to ``hashes`` the hashes of the full blocks of ``token_ids`` (all of

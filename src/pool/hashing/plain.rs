@@ -68,7 +68,7 @@ impl TokenSource for &[i64] {
 
     #[inline]
     fn tokens(&mut self, start: usize, n: usize) -> Option<&[i64]> {
-        self.get(start..start + n)
+        self.get(start..start.checked_add(n)?)
     }
 }
 
@@ -97,13 +97,13 @@ impl<'a> Offset<'a> {
 
 impl TokenSource for Offset<'_> {
     fn len(&self) -> usize {
-        self.tokens.len() + self.offset
+        self.tokens.len().saturating_add(self.offset)
     }
 
     #[inline]
     fn tokens(&mut self, start: usize, n: usize) -> Option<&[i64]> {
         let start = start.checked_sub(self.offset)?;
-        self.tokens.get(start..start + n)
+        self.tokens.get(start..start.checked_add(n)?)
     }
 }
 
