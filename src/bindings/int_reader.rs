@@ -266,9 +266,10 @@ mod fast {
             return true; // (an empty list's item array may be null)
         }
         // SAFETY: `start + n` is within the list's length, read above, and `n > 0`, so
-        // the item array is allocated; no Python code runs here (`f` is Rust code that
-        // cannot call into Python: it gets no token), so the array holds these live
-        // objects throughout.
+        // the item array is allocated. No Python code runs while it is read: `f` comes
+        // from the pyo3-free core (`TokenSource::for_each` is called only by
+        // `pool::hashing`), which cannot call into Python, so nothing can change the
+        // list and the array holds these live objects throughout.
         let items = unsafe {
             let list = ptr as *mut ffi::PyListObject;
             std::slice::from_raw_parts((*list).ob_item.add(start), n)

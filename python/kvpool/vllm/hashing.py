@@ -12,8 +12,9 @@ engine core and ``kv_cache_utils`` look the factory up.
 
 Requests kvpool does not hash are hashed by vLLM's own function, per request: prompt
 embeddings (vLLM hashes the tensor's bytes per block), a LoRA whose name or path is not a
-``str``, hash functions other than vLLM's four, and lookahead hashing (speculative decoding
-with ``num_hash_lookahead_tokens``), for which the factory returns vLLM's own function.
+``str``, a multimodal input whose identifier is not a ``str``; and hash functions other than
+vLLM's four and lookahead hashing (speculative decoding with ``num_hash_lookahead_tokens``),
+for which the factory returns vLLM's own function.
 Counts by reason are in ``FALLBACKS``.
 """
 
@@ -87,6 +88,9 @@ def get_request_block_hasher(
                 _fallback("a LoRA name or path that is not a str")
                 return vllm_hasher(request)
         mm = request.mm_features
+        if mm and not all(isinstance(f.identifier, str) for f in mm):
+            _fallback("a multimodal input without a str identifier")
+            return vllm_hasher(request)
         return hash_blocks_from(
             request.block_hashes[-1] if start else kv_cache_utils.NONE_HASH,
             tokens,
