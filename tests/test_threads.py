@@ -78,6 +78,10 @@ tracker = kvpool.ComputedBlocksTracker(pool, 16)
 tables = kvpool.BlockTables(pool, max_model_len=1 << 20)   # shares the pool too
 LONG = [list(range(k * 7, k * 7 + 9000 + 1000 * k)) for k in range(4)]
 EXPECTED = [hasher.hash_tokens(p).to_list() for p in LONG]
+# Short lists are hashed reading their ints in place, the hasher's lock held.
+SHORT = [[(t * 7919 + k) % 150_000 for t in range(700 + 50 * k)] for k in range(4)]
+EXPECTED_SHORT = [hasher.hash_tokens(np.array(p)).to_list() for p in SHORT]
+SHARED = list(range(1000))  # changed by the threads while they hash it
 errors, unexpected = [], []
 deadline = time.monotonic() + SECONDS
 
@@ -151,6 +155,15 @@ def worker(k):
             expect(kvpool.KVPoolError, lambda: manager.add_request(rid + "x", "text"))
             # The hasher: long prompts and batches, compared with the hashes made alone.
             assert hasher.hash_tokens(LONG[k]).to_list() == EXPECTED[k]
+            assert hasher.hash_tokens(SHORT[k]).to_list() == EXPECTED_SHORT[k]
+            start = n % (len(EXPECTED_SHORT[k]) + 1)
+            parent = EXPECTED_SHORT[k][start - 1] if start else None
+            assert hasher.hash_blocks_from(parent, SHORT[k], start) == EXPECTED_SHORT[k][start:]
+            # A list other threads change between calls: each call sees one state of it.
+            SHARED.append(n)
+            SHARED.pop(0)
+            hashes = hasher.hash_tokens(SHARED).to_list()
+            assert len(hashes) in (62, 63)
             batch = hasher.hash_tokens_many([LONG[k], LONG[(k + 1) % 4]])
             assert batch[1].to_list() == EXPECTED[(k + 1) % 4]
             # The tracker reads the shared pool.
