@@ -135,8 +135,8 @@ def test_the_replay_buffer_is_bounded_by_bytes_as_well_as_batches() -> None:
 def test_large_payloads_are_replayed_from_the_ring() -> None:
     import numpy as np
 
-    # 70 kB payloads go through the replay ring's copier thread; replay serves them whole
-    # and in order (once the copier has caught up, exactly the last ten that fit).
+    # 70 kB payloads in the replay ring; replay serves them whole and in order (exactly
+    # the last ten that fit).
     payloads = [np.random.default_rng(i).integers(0, 256, 70_000, dtype=np.uint8).tobytes()
                 for i in range(30)]
     with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_bytes=10 * 70_000) as pub:
@@ -201,7 +201,7 @@ def serve_request(manager: kvpool.KVCacheManager, rid: str, first_token: int, n:
     manager.free_many([rid])
 
 
-@pytest.mark.parametrize("tokens", [48, 8_000])  # one payload held whole, one for the ring's copier
+@pytest.mark.parametrize("tokens", [48, 8_000])  # one payload of a few hundred bytes, one of several hundred kB
 def test_publish_from_holds_what_it_sends_encoded_into_the_replay_buffer(tokens: int) -> None:
     manager = kvpool.KVCacheManager(4_096, 4, enable_events=True)
     with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", data_parallel_rank=3,

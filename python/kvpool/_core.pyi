@@ -197,8 +197,8 @@ class BlockPool:
         defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
         kv_cache_spec_sliding_window)``.
         With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
-        held in the ring as batch ``seq``, encoded straight into its staging buffer (the
-        ring keeps it without copying the payload); the ring's refusal (closed, or
+        held in the ring as batch ``seq`` (written there with stores that bypass the
+        cache, on this thread, the GIL released); the ring's refusal (closed, or
         ``seq`` not above its last batch) is raised before any event is taken.
         """
     @property
@@ -491,6 +491,20 @@ class ComputedBlocksTracker:
 
 @final
 class ReplayRing:
+    """The last ``max_batches`` event payloads within ``max_bytes`` (the newest always
+    held), for replay to subscribers that missed them.
+
+    ``append`` copies a payload into the ring, with stores that go straight to memory
+    (the ring is written once a step and read only for a replay, so its lines are not
+    worth a place in the publishing core's cache). Oldest batches go first, once more
+    than ``max_batches`` are held or a new one needs their bytes; a payload larger than
+    the ring is held alone.
+
+    The ring's lock is held for a few pointer moves or one batch's copy, so a call may
+    wait for it with the GIL held; calls that copy (``append``, ``batches_from``)
+    release the GIL.
+    """
+
     def __new__(cls, max_batches: int, max_bytes: int) -> ReplayRing: ...
     def append(self, seq: int, payload: bytes) -> None:
         """Holds ``payload`` (``bytes``) as batch ``seq``. Numbers must increase from call
@@ -502,13 +516,13 @@ class ReplayRing:
     def __len__(self) -> int: ...
     @property
     def num_bytes(self) -> int:
-        """Payload bytes held, those waiting for the copier included."""
+        """Payload bytes held."""
     def drain(self, timeout: float) -> bool:
-        """Waits (the GIL released) until the copier has copied every queued batch; False
-        on timeout.
+        """True: every batch is held once ``append`` returns. Kept from the ring's first
+        design, which copied on a thread of its own (``timeout`` is still checked).
         """
     def close(self) -> None:
-        """Stops the copier once it has copied what is queued; later appends raise."""
+        """Later appends raise; what is held stays readable."""
 
 @final
 class StepResult:
@@ -758,8 +772,8 @@ class GroupManager:
         defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
         kv_cache_spec_sliding_window)``.
         With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
-        held in the ring as batch ``seq``, encoded straight into its staging buffer (the
-        ring keeps it without copying the payload); the ring's refusal (closed, or
+        held in the ring as batch ``seq`` (written there with stores that bypass the
+        cache, on this thread, the GIL released); the ring's refusal (closed, or
         ``seq`` not above its last batch) is raised before any event is taken.
         """
     def reset_prefix_cache(self) -> bool:
@@ -1187,8 +1201,8 @@ class KVCacheManager:
         defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
         kv_cache_spec_sliding_window)``.
         With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
-        held in the ring as batch ``seq``, encoded straight into its staging buffer (the
-        ring keeps it without copying the payload); the ring's refusal (closed, or
+        held in the ring as batch ``seq`` (written there with stores that bypass the
+        cache, on this thread, the GIL released); the ring's refusal (closed, or
         ``seq`` not above its last batch) is raised before any event is taken.
         """
     @property

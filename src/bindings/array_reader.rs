@@ -7,7 +7,8 @@
 //! module copies the elements once, from the array's data pointer by its stride, after
 //! checking through rust-numpy's safe accessors that the array is what it must be.
 //!
-//! One of the crate's two modules with `unsafe` code (with `int_reader.rs`). The
+//! One of the crate's three modules with `unsafe` code (with `int_reader.rs` and
+//! `pool/stream_copy.rs`). The
 //! reads are sound because:
 //! - the object is exactly `numpy.ndarray` (not a subclass that could lie about its
 //!   layout), one-dimensional, of a 4- or 8-byte integer dtype in native byte order

@@ -154,17 +154,7 @@ impl WireArgs {
     /// The events' msgpack as a `bytes`, encoded without the GIL into a buffer this
     /// thread reuses (so that a step's payload does not grow a fresh buffer by doubling).
     pub fn encode<'py>(&self, py: Python<'py>, events: Vec<PoolEvent>) -> Bound<'py, PyBytes> {
-        let mut buf = WIRE_SCRATCH.take();
-        buf.clear();
-        let buf = py.detach(move || {
-            self.encode_into(&events, &mut buf);
-            buf
-        });
-        let bytes = PyBytes::new(py, &buf);
-        if buf.capacity() <= 1 << 26 {
-            WIRE_SCRATCH.set(buf);
-        }
-        bytes
+        encode_with(py, move |buf| self.encode_into(&events, buf))
     }
 
     /// Appends `events`' batch payload to `buf` (no Python involved).
@@ -186,9 +176,8 @@ impl WireArgs {
 
 /// `take_events_msgpack` of a pool, manager or group manager: the arguments read,
 /// then `take` called for the events. With `replay` (a `ReplayRing`) and `seq`, a
-/// batch that has events is also held in the ring as batch `seq`, encoded straight
-/// into one of its staging buffers: the ring keeps it without a copy on this
-/// thread. The ring's refusal (closed, or `seq` not above its last batch) is checked
+/// batch that has events is also held in the ring as batch `seq`, copied there from
+/// the encoding buffer while it is still in cache. The ring's refusal (closed, or `seq` not above its last batch) is checked
 /// before any event is taken, so a refused call changes nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn take_encoded<'py>(
@@ -251,6 +240,25 @@ fn replay_target<'a, 'py>(
         })?;
     let seq = seq.ok_or_else(|| invalid("replay needs seq, the batch's number"))?;
     Ok(Some((ring.get(), seq as u64)))
+}
+
+/// The bytes `write` appends to an empty buffer (run with the GIL released), through
+/// this thread's reused encoding buffer.
+pub fn encode_with<'py>(
+    py: Python<'py>,
+    write: impl FnOnce(&mut Vec<u8>) + Send,
+) -> Bound<'py, PyBytes> {
+    let mut buf = WIRE_SCRATCH.take();
+    buf.clear();
+    let buf = py.detach(move || {
+        write(&mut buf);
+        buf
+    });
+    let bytes = PyBytes::new(py, &buf);
+    if buf.capacity() <= 1 << 26 {
+        WIRE_SCRATCH.set(buf);
+    }
+    bytes
 }
 
 thread_local! {

@@ -379,8 +379,8 @@ impl PyGroupManager {
     /// defaults to now; ``group_specs`` maps a group index to ``(kv_cache_spec_kind,
     /// kv_cache_spec_sliding_window)``.
     /// With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
-    /// held in the ring as batch ``seq``, encoded straight into its staging buffer (the
-    /// ring keeps it without copying the payload); the ring's refusal (closed, or
+    /// held in the ring as batch ``seq`` (written there with stores that bypass the
+    /// cache, on this thread, the GIL released); the ring's refusal (closed, or
     /// ``seq`` not above its last batch) is raised before any event is taken.
     #[pyo3(signature = (ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None, seq=None))]
     #[allow(clippy::too_many_arguments)]

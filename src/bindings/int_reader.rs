@@ -7,8 +7,8 @@
 //! pointer from the list's item array, one comparison with `PyLong_Type`, and the
 //! value from the object's digits, about 1.1 ns per token.
 //!
-//! One of the crate's two modules with `unsafe` code (with `array_reader.rs`;
-//! `[lints.rust] unsafe_code = "deny"` everywhere else). It depends on CPython's
+//! One of the crate's three modules with `unsafe` code (with `array_reader.rs` and
+//! `pool/stream_copy.rs`; `[lints.rust] unsafe_code = "deny"` everywhere else). It depends on CPython's
 //! object layout, so it is compiled only where that layout is fixed and known:
 //!
 //! - a version-specific build (not the stable ABI, which hides the layout), on CPython

@@ -1,7 +1,5 @@
 //! `kvpool.ReplayRing`: an event publisher's replay buffer (see `pool/replay_ring.rs`).
 
-use std::time::Duration;
-
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
@@ -12,19 +10,15 @@ use crate::pool::{AppendError, ReplayRing};
 /// The last ``max_batches`` event payloads within ``max_bytes`` (the newest always
 /// held), for replay to subscribers that missed them.
 ///
-/// ``append`` copies a payload into a reused buffer and returns (``take_events_msgpack(
-/// replay=ring, seq=n)`` encodes into that buffer instead, saving the copy); a thread of
-/// the ring's own, which never needs the GIL, copies it into the ring, so that the cold
-/// writes happen off the publishing thread. Oldest batches go first, once more than
-/// ``max_batches`` are held or a new one needs their bytes.
+/// ``append`` copies a payload into the ring, with stores that go straight to memory
+/// (the ring is written once a step and read only for a replay, so its lines are not
+/// worth a place in the publishing core's cache). Oldest batches go first, once more
+/// than ``max_batches`` are held or a new one needs their bytes; a payload larger than
+/// the ring is held alone.
 ///
-/// Like any object with a thread, make it in the process that uses it, after any
-/// ``fork``: a forked child has no copier.
-///
-/// The ring's locks are held for a few pointer moves, or for one batch's copy by a
-/// thread that needs nothing from Python, so a call may wait for them with the GIL
-/// held; calls that copy many batches (``batches_from``) or wait (``drain``, ``close``)
-/// release it.
+/// The ring's lock is held for a few pointer moves or one batch's copy, so a call may
+/// wait for it with the GIL held; calls that copy (``append``, ``batches_from``)
+/// release the GIL.
 #[pyclass(frozen, module = "kvpool", name = "ReplayRing")]
 pub struct PyReplayRing {
     ring: ReplayRing,
@@ -37,22 +31,18 @@ impl PyReplayRing {
             .map_err(|e| append_error(py, e, seq))
     }
 
-    /// Holds as batch `seq` the payload `write` puts into one of the ring's staging
-    /// buffers (with the GIL released), and returns a copy of it as `bytes`.
+    /// Holds as batch `seq` the payload `write` puts into an empty buffer (with the GIL
+    /// released), and returns it as `bytes`.
     pub(crate) fn hold_written<'py>(
         &self,
         py: Python<'py>,
         seq: u64,
         write: impl FnOnce(&mut Vec<u8>) + Send,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let buf = py.detach(|| {
-            let mut buf = self.ring.take_buffer();
-            write(&mut buf);
-            buf
-        });
-        let bytes = PyBytes::new(py, &buf);
-        py.detach(|| self.ring.append_owned(seq, buf))
-            .map_err(|(e, _)| append_error(py, e, seq))?;
+        let bytes = super::events::encode_with(py, write);
+        let data = bytes.as_bytes();
+        py.detach(|| self.ring.append(seq, data))
+            .map_err(|e| append_error(py, e, seq))?;
         Ok(bytes)
     }
 }
@@ -135,19 +125,19 @@ impl PyReplayRing {
         PyList::new(py, items)
     }
 
-    /// Batches held, those waiting for the copier included.
+    /// Batches held.
     fn __len__(&self, py: Python<'_>) -> usize {
         py.detach(|| self.ring.len())
     }
 
-    /// Payload bytes held, those waiting for the copier included.
+    /// Payload bytes held.
     #[getter]
     fn num_bytes(&self, py: Python<'_>) -> usize {
         py.detach(|| self.ring.num_bytes())
     }
 
-    /// Waits (the GIL released) until the copier has copied every queued batch; False
-    /// on timeout.
+    /// True: every batch is held once ``append`` returns. Kept from the ring's first
+    /// design, which copied on a thread of its own (``timeout`` is still checked).
     fn drain(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
         if !(timeout >= 0.0 && timeout.is_finite()) {
             return Err(error(
@@ -156,10 +146,10 @@ impl PyReplayRing {
                 format!("timeout must be >= 0 seconds, got {timeout}"),
             ));
         }
-        Ok(py.detach(|| self.ring.drain(Duration::from_secs_f64(timeout))))
+        Ok(true)
     }
 
-    /// Stops the copier once it has copied what is queued; later appends raise.
+    /// Later appends raise; what is held stays readable.
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.ring.close());
     }

@@ -39,6 +39,7 @@ mod slab;
 mod slots;
 mod stats;
 mod step;
+mod stream_copy;
 mod tracker;
 
 pub use block_pool::{
