@@ -4,7 +4,7 @@
 //! hashes, hits and events. In the manner of slotmap's `slotmap_equiv_hashmap`.
 
 use kvpool::pool::{
-    BlockHash, BlockPool, CacheBlocks, HashSlice, PoolConfig, PoolError, PoolEvent,
+    BlockHash, BlockPool, CacheBlocks, HashSlice, PoolConfig, PoolError, PoolEvent, StoredBlocks,
 };
 use proptest::prelude::*;
 
@@ -135,18 +135,19 @@ impl Model {
             }
             stored.push(BlockHash::new(&hashes[from + i]).unwrap());
         }
-        self.events.push(PoolEvent::BlockStored {
-            block_hashes: stored,
-            parent_block_hash: from
-                .checked_sub(1)
-                .map(|i| BlockHash::new(&hashes[i]).unwrap()),
-            token_ids: vec![],
-            block_size: 16,
-            lora_id: None,
-            lora_name: None,
-            group_idx: 0,
-            extra_keys: None,
-        });
+        self.events
+            .push(PoolEvent::BlockStored(Box::new(StoredBlocks {
+                block_hashes: stored,
+                parent_block_hash: from
+                    .checked_sub(1)
+                    .map(|i| BlockHash::new(&hashes[i]).unwrap()),
+                token_ids: vec![],
+                block_size: 16,
+                lora_id: None,
+                lora_name: None,
+                group_idx: 0,
+                extra_keys: None,
+            })));
         Ok(())
     }
 

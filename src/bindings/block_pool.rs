@@ -658,6 +658,7 @@ impl PyBlockPool {
             replay,
             seq,
             || self.with_pool(py, |pool| pool.take_events()),
+            |buffer| self.with_pool(py, |pool| pool.recycle_event_buffer(buffer)),
         )
     }
 

@@ -4,7 +4,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-use crate::pool::{EventExtraKey, PoolEvent};
+use crate::pool::{EventExtraKey, PoolEvent, StoredBlocks};
 
 static EVENTS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
@@ -47,16 +47,17 @@ pub fn events_to_py<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bo
     let list = PyList::empty(py);
     for event in events {
         let obj = match event {
-            PoolEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_id,
-                lora_name,
-                group_idx,
-                extra_keys,
-            } => {
+            PoolEvent::BlockStored(stored) => {
+                let StoredBlocks {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    lora_id,
+                    lora_name,
+                    group_idx,
+                    extra_keys,
+                } = *stored;
                 let extra_keys = extra_keys
                     .map(|blocks| extra_keys_to_py(py, &blocks))
                     .transpose()?;
@@ -153,8 +154,8 @@ impl WireArgs {
 
     /// The events' msgpack as a `bytes`, encoded without the GIL into a buffer this
     /// thread reuses (so that a step's payload does not grow a fresh buffer by doubling).
-    pub fn encode<'py>(&self, py: Python<'py>, events: Vec<PoolEvent>) -> Bound<'py, PyBytes> {
-        encode_with(py, move |buf| self.encode_into(&events, buf))
+    pub fn encode<'py>(&self, py: Python<'py>, events: &[PoolEvent]) -> Bound<'py, PyBytes> {
+        encode_with(py, move |buf| self.encode_into(events, buf))
     }
 
     /// Appends `events`' batch payload to `buf` (no Python involved).
@@ -189,19 +190,24 @@ pub fn take_encoded<'py>(
     replay: Option<&Bound<'py, PyAny>>,
     seq: Option<&Bound<'py, PyAny>>,
     take: impl FnOnce() -> Vec<PoolEvent>,
+    give_back: impl FnOnce(Vec<PoolEvent>),
 ) -> PyResult<Bound<'py, PyBytes>> {
     let args = WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
     let keep = replay_target(py, replay, seq)?;
     if let Some((ring, seq)) = keep {
         ring.check_next(py, seq)?;
     }
-    let events = take();
-    match keep {
+    let mut events = take();
+    let encoded = match keep {
         Some((ring, seq)) if !events.is_empty() => {
             ring.hold_written(py, seq, |buf| args.encode_into(&events, buf))
         }
-        _ => Ok(args.encode(py, events)),
-    }
+        _ => Ok(args.encode(py, &events)),
+    };
+    // The events are dropped here, outside the owner's lock; their room goes back.
+    py.detach(|| events.clear());
+    give_back(events);
+    encoded
 }
 
 /// `take_events_msgpack`'s ``replay`` and ``seq``: both or neither.

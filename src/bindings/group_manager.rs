@@ -403,6 +403,7 @@ impl PyGroupManager {
             replay,
             seq,
             || self.with_manager(py, |m| m.take_events()),
+            |buffer| self.with_manager(py, |m| m.recycle_event_buffer(buffer)),
         )
     }
 

@@ -601,6 +601,7 @@ impl PyKVCacheManager {
             replay,
             seq,
             || self.with_manager(py, |m| m.take_events()),
+            |buffer| self.with_manager(py, |m| m.recycle_event_buffer(buffer)),
         )
     }
 

@@ -7,7 +7,7 @@
 use super::error::{PoolError, PoolResult};
 use std::collections::VecDeque;
 
-use super::events::{EventExtraKey, PoolEvent};
+use super::events::{EventExtraKey, PoolEvent, StoredBlocks};
 use super::eviction::{BlockPriority, Clock, Eviction, EvictionPolicy};
 use super::free_queue::FreeQueue;
 use super::hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
@@ -568,7 +568,7 @@ impl BlockPool {
                     .map(|(i, _)| keys[i].clone())
                     .collect()
             });
-            self.emit(PoolEvent::BlockStored {
+            self.emit(PoolEvent::BlockStored(Box::new(StoredBlocks {
                 block_hashes: hashes,
                 parent_block_hash: num_cached_blocks
                     .checked_sub(1)
@@ -579,7 +579,7 @@ impl BlockPool {
                 lora_name: call.lora_name.map(str::to_owned),
                 group_idx: call.group,
                 extra_keys,
-            });
+            })));
         }
         Ok(())
     }
@@ -777,6 +777,18 @@ impl BlockPool {
     /// Hands over the queued events, oldest first.
     pub fn take_events(&mut self) -> Vec<PoolEvent> {
         Vec::from(std::mem::take(&mut self.events))
+    }
+
+    /// Gives back a buffer [`take_events`](Self::take_events) returned, once its events
+    /// are consumed: the next events are queued in its room (when the queue is still
+    /// empty and smaller), so that a step's events do not grow a fresh queue by
+    /// doubling, copying it each time into memory no cache holds. Drop the events
+    /// first (`clear`) to keep that work out of the caller's lock.
+    pub fn recycle_event_buffer(&mut self, mut buffer: Vec<PoolEvent>) {
+        buffer.clear();
+        if self.events.is_empty() && buffer.capacity() > self.events.capacity() {
+            self.events = VecDeque::from(buffer);
+        }
     }
 
     /// Number of queued events.

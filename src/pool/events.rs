@@ -19,30 +19,38 @@ pub enum EventExtraKey {
     Digest([u8; 32]),
 }
 
+/// What one `cache_full_blocks` call entered into the prefix cache (vLLM's
+/// `BlockStored`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredBlocks {
+    /// Hashes of the newly cached blocks, in block order.
+    pub block_hashes: Vec<BlockHash>,
+    /// Hash of the block before the first new one, if any.
+    pub parent_block_hash: Option<BlockHash>,
+    /// Token ids of the new blocks (empty when the caller gave none).
+    pub token_ids: Vec<i64>,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// LoRA adapter id, if any.
+    pub lora_id: Option<i64>,
+    /// LoRA adapter name, if any.
+    pub lora_name: Option<String>,
+    /// KV-cache group.
+    pub group_idx: u32,
+    /// Each new block's extra keys as vLLM's event carries them, one entry per hash
+    /// (`None`: a block without keys); `None` for the LoRA-only form, every block
+    /// `[lora_name]` (or no keys without LoRA), which needs no list.
+    pub extra_keys: Option<Vec<Option<Vec<EventExtraKey>>>>,
+}
+
 /// One event of the prefix cache.
+///
+/// `BlockStored` is boxed so that the queue's slot for each event is small (40 bytes,
+/// not 160): a step that evicts 4,000 blocks queues 4,000 `BlockRemoved`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PoolEvent {
     /// One `cache_full_blocks` call entered blocks into the prefix cache.
-    BlockStored {
-        /// Hashes of the newly cached blocks, in block order.
-        block_hashes: Vec<BlockHash>,
-        /// Hash of the block before the first new one, if any.
-        parent_block_hash: Option<BlockHash>,
-        /// Token ids of the new blocks (empty when the caller gave none).
-        token_ids: Vec<i64>,
-        /// Tokens per block.
-        block_size: u32,
-        /// LoRA adapter id, if any.
-        lora_id: Option<i64>,
-        /// LoRA adapter name, if any.
-        lora_name: Option<String>,
-        /// KV-cache group.
-        group_idx: u32,
-        /// Each new block's extra keys as vLLM's event carries them, one entry per hash
-        /// (`None`: a block without keys); `None` for the LoRA-only form, every block
-        /// `[lora_name]` (or no keys without LoRA), which needs no list.
-        extra_keys: Option<Vec<Option<Vec<EventExtraKey>>>>,
-    },
+    BlockStored(Box<StoredBlocks>),
     /// One block's hash left the prefix cache.
     BlockRemoved {
         /// The removed hash (one per event, as vLLM emits them).

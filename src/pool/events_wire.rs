@@ -14,7 +14,7 @@
 //! `kvpool.wire` (the same in Python, checked against vLLM's encoder) is this module's
 //! oracle in the tests.
 
-use super::events::{EventExtraKey, PoolEvent};
+use super::events::{EventExtraKey, PoolEvent, StoredBlocks};
 use super::hash_key::BlockHash;
 
 /// How a batch is labelled: what vLLM's manager and publisher add to the pool's events.
@@ -40,6 +40,7 @@ impl Writer<'_> {
         self.0.push(0xc0);
     }
 
+    #[inline]
     fn uint(&mut self, v: u64) {
         let out = &mut *self.0;
         if v < 0x80 {
@@ -182,10 +183,16 @@ impl Writer<'_> {
     }
 }
 
+/// The bytes every `BlockRemoved` starts with: a map of four fields, the tag, and the
+/// header of its one-hash array.
+const REMOVED_HEAD: &[u8] = b"\x84\xa4type\xacBlockRemoved\xacblock_hashes\x91";
+
 /// A block hash as vLLM puts it on the wire: its last 8 bytes, big-endian.
 pub fn wire_hash(hash: &[u8]) -> u64 {
-    let tail = &hash[hash.len().saturating_sub(8)..];
-    tail.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b))
+    match hash.last_chunk::<8>() {
+        Some(tail) => u64::from_be_bytes(*tail),
+        None => hash.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)),
+    }
 }
 
 /// An upper bound of the bytes [`encode_event_batch`] writes, so that it writes into one
@@ -201,13 +208,14 @@ fn size_bound(events: &[PoolEvent], batch: &WireBatch<'_>) -> usize {
     events
         .iter()
         .map(|e| match e {
-            PoolEvent::BlockStored {
-                block_hashes,
-                token_ids,
-                lora_name,
-                extra_keys,
-                ..
-            } => {
+            PoolEvent::BlockStored(stored) => {
+                let StoredBlocks {
+                    block_hashes,
+                    token_ids,
+                    lora_name,
+                    extra_keys,
+                    ..
+                } = &**stored;
                 fixed
                     + 9 * token_ids.len()
                     + block_hashes.len() * (10 + lora_name.as_ref().map_or(1, |n| n.len() + 6))
@@ -239,18 +247,25 @@ pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut
     w.array(3);
     w.f64(batch.ts);
     w.array(events.len()); // the pool emits one event per removed hash, as vLLM does
+                           // What follows the hash in each `BlockRemoved`, up to the group index.
+    let mut removed_tail = Vec::with_capacity(24 + batch.medium.len());
+    let mut tail = Writer(&mut removed_tail);
+    tail.str("medium");
+    tail.str(batch.medium);
+    tail.str("group_idx");
     for event in events {
         match event {
-            PoolEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_id,
-                lora_name,
-                group_idx,
-                extra_keys,
-            } => {
+            PoolEvent::BlockStored(stored) => {
+                let StoredBlocks {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    lora_id,
+                    lora_name,
+                    group_idx,
+                    extra_keys,
+                } = &**stored;
                 let spec = batch.group_specs.iter().find(|(g, _, _)| g == group_idx);
                 let kind = spec.and_then(|s| s.1);
                 let window = spec.and_then(|s| s.2);
@@ -327,15 +342,9 @@ pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut
                 block_hash,
                 group_idx,
             } => {
-                w.map(4);
-                w.str("type");
-                w.str("BlockRemoved");
-                w.str("block_hashes");
-                w.array(1);
+                w.0.extend_from_slice(REMOVED_HEAD);
                 w.hash(block_hash);
-                w.str("medium");
-                w.str(batch.medium);
-                w.str("group_idx");
+                w.0.extend_from_slice(&removed_tail);
                 w.uint(u64::from(*group_idx));
             }
             PoolEvent::AllBlocksCleared => {

@@ -350,6 +350,11 @@ impl GroupManager {
         self.pool.take_events()
     }
 
+    /// See [`BlockPool::recycle_event_buffer`].
+    pub fn recycle_event_buffer(&mut self, buffer: Vec<PoolEvent>) {
+        self.pool.recycle_event_buffer(buffer);
+    }
+
     /// Clears the prefix cache if no block is in use.
     pub fn reset_prefix_cache(&mut self) -> bool {
         self.pool.reset_prefix_cache()

@@ -647,6 +647,11 @@ impl KVCacheManager {
         self.pool.take_events()
     }
 
+    /// See [`BlockPool::recycle_event_buffer`].
+    pub fn recycle_event_buffer(&mut self, buffer: Vec<PoolEvent>) {
+        self.pool.recycle_event_buffer(buffer);
+    }
+
     /// Clears the prefix cache if no block is in use (and resets the statistics).
     pub fn reset_prefix_cache(&mut self) -> bool {
         let done = self.pool.reset_prefix_cache();

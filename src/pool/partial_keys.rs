@@ -16,7 +16,7 @@ use hashbrown::HashMap;
 
 use super::block_pool::BlockPool;
 use super::error::{PoolError, PoolResult};
-use super::events::{EventExtraKey, PoolEvent};
+use super::events::{EventExtraKey, PoolEvent, StoredBlocks};
 use super::hash_key::{BlockHash, BlockHashKey};
 use super::slab::NIL;
 
@@ -127,7 +127,7 @@ impl BlockPool {
             self.hash_width = Some(call.hash.as_bytes().len());
         }
         if self.config.enable_events {
-            self.emit(PoolEvent::BlockStored {
+            self.emit(PoolEvent::BlockStored(Box::new(StoredBlocks {
                 block_hashes: vec![call.hash],
                 parent_block_hash: call.parent,
                 token_ids: call.token_ids.to_vec(),
@@ -136,7 +136,7 @@ impl BlockPool {
                 lora_name: call.lora_name.map(str::to_owned),
                 group_idx: call.group,
                 extra_keys: call.extra_keys.map(|keys| vec![keys]),
-            });
+            })));
         }
         Ok(())
     }
@@ -263,9 +263,7 @@ mod tests {
         pool.take_events()
             .into_iter()
             .map(|e| match e {
-                PoolEvent::BlockStored { block_hashes, .. } => {
-                    ("stored", block_hashes[0].as_bytes()[0])
-                }
+                PoolEvent::BlockStored(stored) => ("stored", stored.block_hashes[0].as_bytes()[0]),
                 PoolEvent::BlockRemoved { block_hash, .. } => ("removed", block_hash.as_bytes()[0]),
                 PoolEvent::AllBlocksCleared => ("cleared", 0),
             })
