@@ -61,3 +61,12 @@ pub enum PoolEvent {
     /// The whole prefix cache was reset.
     AllBlocksCleared,
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_queued_event_stays_small() {
+        // A step that evicts thousands of blocks queues a `BlockRemoved` for each.
+        assert!(std::mem::size_of::<super::PoolEvent>() <= 40);
+    }
+}
