@@ -11,13 +11,16 @@ arrives whole.
    (``take_events``, converted and encoded in Python). Short runs (``--steps``, default 10)
    in many rounds (``--rounds``, default 101): on these shared machines a step's time drifts
    by 30% from one run to the next, so what counts is each round's ratio between runs back
-   to back; it prints the medians and the quartiles of those paired ratios. The
+   to back, every order of the contestants in turn; it prints the medians and the quartiles
+   of those paired ratios. The
    subscriber is in the same process (on a 2-core machine its ZeroMQ I/O thread competes with
    the step for the cores); ``--no-subscriber`` leaves it out. The runs share one publisher
    whose replay buffer is filled first (the steady state of an engine that has run a while:
    each batch published lets an old one go); ``--fresh-publisher`` gives each run a publisher
    of its own, so it times the buffer filling, where every payload is fresh memory.
-2. ``stream``: ``--events`` events (``BlockStored`` of one block each, 10 per batch) published
+2. ``events-on``: what events cost the step before any publishing: the same workload with
+   events off, against events on and taken as msgpack each step, interleaved, paired.
+3. ``stream``: ``--events`` events (``BlockStored`` of one block each, 10 per batch) published
    to an ``EventListener`` that reads only every 20,000 batches, with small queues (PUB high
    water mark 1,000, the listener's 64) so that ZeroMQ drops what it cannot deliver; the
    listener fills every gap through replay (a gap at the very end shows when a later batch
@@ -32,6 +35,7 @@ arrives whole.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -117,7 +121,11 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
         for r in range(rounds + 1):
             # Fresh prompts every step, so that every step stores all its blocks (made outside the clock).
             workload = [[rng.integers(1, 50_000, 700) for _ in range(100)] for _ in range(steps)]
-            for name in (pair if r % 2 == 0 else pair[::-1]):
+            # Every order in turn: the first run of a round is slower (the round's
+            # prompts were just made), and a contestant that never runs first (the middle
+            # one, were the order only reversed) would look cheaper than it is.
+            orders = list(itertools.permutations(pair))
+            for name in orders[r % len(orders)]:
                 elapsed = run(name, workload)
                 if r:
                     times[name].append(elapsed)
@@ -141,6 +149,30 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
     if listener is not None:
         listener.close()
     publisher.close()
+
+
+def events_on(rounds: int, steps: int) -> None:
+    """What events cost the step before any publishing: the serving step with events off,
+    against events on and taken as msgpack each step (recorded, encoded, dropped)."""
+    rng = np.random.default_rng(0)
+    specs = {0: ("full_attention", None)}
+    times: dict[str, list[float]] = {"events off": [], "events on, taken as msgpack": []}
+    for r in range(rounds + 1):
+        workload = [[rng.integers(1, 50_000, 700) for _ in range(100)] for _ in range(steps)]
+        for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
+            manager = kvpool.KVCacheManager(30_000, 16, enable_events=name != "events off")
+            t0 = time.perf_counter()
+            for s, prompts in enumerate(workload):
+                serving_step(manager, prompts, s)
+                if name != "events off":
+                    manager.take_events_msgpack(group_specs=specs)
+            if r:
+                times[name].append((time.perf_counter() - t0) / steps * 1e6)
+    off, on = times["events off"], times["events on, taken as msgpack"]
+    q1, q2, q3 = statistics.quantiles([b / a - 1 for a, b in zip(off, on)], n=4)
+    print(f"schedule_step, serving workload, caching on: events off {statistics.median(off):.1f} µs per step, "
+          f"events on and taken as msgpack {statistics.median(on):.1f} µs, {q2:+.1%} "
+          f"(paired per round; quartiles {q1:+.1%} to {q3:+.1%}; {rounds} rounds of {steps} steps)")
 
 
 def stream(num_events: int, per_batch: int = 10) -> None:
@@ -195,7 +227,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=101)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--only", choices=("overhead", "stream"))
+    ap.add_argument("--only", choices=("overhead", "stream", "events-on"))
     ap.add_argument("--buffer-steps", type=int, default=10_000,
                     help="the publisher's replay buffer, in batches (vLLM's default)")
     ap.add_argument("--buffer-bytes", type=int, default=DEFAULT_BUFFER_BYTES,
@@ -209,6 +241,8 @@ def main() -> int:
     if args.only in (None, "overhead"):
         overhead(args.rounds, args.steps, not (args.no_subscriber or args.fresh_publisher), args.buffer_steps,
                  args.fresh_publisher, args.buffer_bytes)
+    if args.only in (None, "events-on"):
+        events_on(args.rounds, args.steps)
     if args.only in (None, "stream"):
         stream(args.events)
     return 0
