@@ -487,6 +487,20 @@ def test_hash_tokens_with_extra_keys_matches_vllm_and_reference(req: Req, algo: 
 
 
 @pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("big", [1 << 60, -(1 << 62)])
+def test_a_list_with_an_int_read_the_slow_way_carries_the_multimodal_walk_on(algo: str, big: int) -> None:
+    """Found by Hypothesis: a token list is hashed in place up to an int it cannot read
+    there (three digits), then the rest the general way; the multimodal walk must carry
+    on across the two, not start afresh (an input of no tokens and one nested in another
+    made a fresh walk differ at the block holding that int)."""
+    req = Req(block_size=1, tokens=[0] * 7 + [big], mm_features=[("00", 4, 4), ("00", 7, 0), ("00", 7, 1)])
+    check_hash_tokens(req, algo)
+    req = Req(block_size=2, tokens=[1, 2, 3, 4, 5, 6, 7, 8, big, 9, 10, 11],
+              mm_features=[("a", 2, 6), ("b", 7, 0), ("c", 7, 2), ("d", 9, 0)])
+    check_hash_tokens(req, algo)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
 def test_extra_keys_are_tagged_tuples_in_vllm_033_order(algo: str) -> None:
     """A hand-checked request: LoRA, two images (one spanning three blocks), a salt, embeddings."""
     bs = 8

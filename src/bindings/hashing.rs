@@ -348,6 +348,9 @@ impl PyBlockHasher {
     ) -> PyResult<()> {
         let (bs, width) = (self.block_size, self.algo.digest_len());
         let mut done = 0;
+        // The multimodal walk, carried from the list's pass to the general one, so the
+        // two passes hash what one would.
+        let mut walk = None;
         if let Some(mut source) = token_ids
             .cast::<PyList>()
             .ok()
@@ -355,7 +358,8 @@ impl PyBlockHasher {
             .and_then(ListTokens::new)
         {
             done = with_lock(py, &self.hasher, |hasher| {
-                hasher.extend_chain_from(parent, &mut source, bs, start, &extras.inputs(), out)
+                let inputs = extras.inputs();
+                hasher.continue_chain_from(parent, &mut source, bs, start, &inputs, &mut walk, out)
             });
             // Done when every block was hashed and the partial tail holds plain ints
             // too (the general path would refuse anything else).
@@ -391,7 +395,16 @@ impl PyBlockHasher {
         let chain = |hasher: &mut BlockHasher, tokens: &[i64], out: &mut Vec<u8>| {
             let mut source = Offset::new(tokens, skip);
             let inputs = extras.inputs();
-            hasher.extend_chain_from(&next_parent, &mut source, bs, start + done, &inputs, out)
+            let mut walk = walk;
+            hasher.continue_chain_from(
+                &next_parent,
+                &mut source,
+                bs,
+                start + done,
+                &inputs,
+                &mut walk,
+                out,
+            )
         };
         // The tokens are converted (or an int64 array borrowed) before the lock is taken.
         with_i64s(&rest, "token_ids", |tokens| {

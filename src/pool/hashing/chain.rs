@@ -6,7 +6,7 @@
 
 use super::algo::{Digest, Encoding, HashAlgo};
 use super::cbor;
-use super::extra::{BlockExtraKeys, ExtraKeyInputs};
+use super::extra::{BlockExtraKeys, ExtraKeyInputs, MmCursor};
 use super::pickle::PickleWriter;
 use super::plain::{self, TokenSource};
 use super::value::Value;
@@ -178,6 +178,36 @@ impl BlockHasher {
         extra: &ExtraKeyInputs<'_>,
         out: &mut Vec<u8>,
     ) -> usize {
+        let mut walk = None;
+        self.continue_chain_from(
+            parent,
+            source,
+            block_size,
+            start_block,
+            extra,
+            &mut walk,
+            out,
+        )
+    }
+
+    /// [`Self::extend_chain_from`] as one part of a longer walk: `walk` is where the
+    /// multimodal cursor stood when a call before this one, for the same request,
+    /// stopped before `start_block` (`None`: the walk starts here, as vLLM sets it up
+    /// when it resumes a request), and is left where this call stops. Two calls so
+    /// chained (the first stopping at a block its source could not give, the second
+    /// given the rest) hash exactly what one call would have: a walk resumed afresh
+    /// can differ, as vLLM's own does, for inputs that nest or have no tokens.
+    #[allow(clippy::too_many_arguments)]
+    pub fn continue_chain_from<S: TokenSource + ?Sized>(
+        &mut self,
+        parent: &[u8],
+        source: &mut S,
+        block_size: usize,
+        start_block: usize,
+        extra: &ExtraKeyInputs<'_>,
+        walk: &mut Option<MmCursor>,
+        out: &mut Vec<u8>,
+    ) -> usize {
         if block_size == 0 {
             return 0;
         }
@@ -194,8 +224,10 @@ impl BlockHasher {
             hashed = self.extend_plain_chain(parent, source, block_size, start_block, out);
         }
         let first = start_block + hashed;
-        let mut cursor = extra.mm_cursor(first, block_size);
+        let mut cursor = walk.unwrap_or_else(|| extra.mm_cursor(first, block_size));
         for block_index in first..end_block {
+            // Where the walk stands before this block: kept if the block is not hashed.
+            *walk = Some(cursor);
             let keys = if plain {
                 BlockExtraKeys::NONE
             } else {
@@ -220,6 +252,7 @@ impl BlockHasher {
             let d = self.hash_block_keys(p, tokens, &keys);
             out.extend_from_slice(&d);
             hashed += 1;
+            *walk = Some(cursor);
         }
         hashed
     }
@@ -772,5 +805,96 @@ mod tests {
             0
         );
         assert!(out.is_empty());
+    }
+
+    /// A source that cannot give one block (as a Python list holding an int it cannot
+    /// read in place), so that its caller stops there and goes on with another.
+    struct RefusesBlock<'a> {
+        tokens: &'a [i64],
+        refused: std::ops::Range<usize>,
+    }
+
+    impl TokenSource for RefusesBlock<'_> {
+        fn len(&self) -> usize {
+            self.tokens.len()
+        }
+
+        fn tokens(&mut self, start: usize, n: usize) -> Option<&[i64]> {
+            let wanted = start..start + n;
+            if wanted.start < self.refused.end && self.refused.start < wanted.end {
+                return None;
+            }
+            self.tokens.get(wanted)
+        }
+    }
+
+    #[test]
+    fn a_walk_continued_after_a_refused_block_hashes_what_one_call_does() {
+        // Inputs that overlap, nest and have no tokens, where a walk set up afresh at a
+        // later block (vLLM's resume) differs from one carried on.
+        let f = [
+            MmFeature::new("a", 4, 4),
+            MmFeature::new("b", 7, 0),
+            MmFeature::new("c", 7, 1),
+            MmFeature::new("d", 9, 6),
+            MmFeature::new("e", 10, 1),
+            MmFeature::new("f", 15, 0),
+        ];
+        let inputs = ExtraKeyInputs {
+            mm_features: &f,
+            ..ExtraKeyInputs::default()
+        };
+        let tokens: Vec<i64> = (0..20).collect();
+        let root = none_hash(HashAlgo::Sha256, DEFAULT_NONE_HASH_SEED);
+        for block_size in [1, 2, 3] {
+            let mut hasher = BlockHasher::new(HashAlgo::Sha256);
+            let mut whole = Vec::new();
+            let n = hasher.extend_chain_from(
+                &root,
+                &mut &tokens[..],
+                block_size,
+                0,
+                &inputs,
+                &mut whole,
+            );
+            assert_eq!(n, 20 / block_size);
+            for refused in 0..n {
+                let mut source = RefusesBlock {
+                    tokens: &tokens,
+                    refused: refused * block_size..(refused + 1) * block_size,
+                };
+                let mut walk = None;
+                let mut out = Vec::new();
+                let first = hasher.continue_chain_from(
+                    &root,
+                    &mut source,
+                    block_size,
+                    0,
+                    &inputs,
+                    &mut walk,
+                    &mut out,
+                );
+                assert_eq!(first, refused);
+                let parent = if first == 0 {
+                    root.as_bytes().to_vec()
+                } else {
+                    out[out.len() - 32..].to_vec()
+                };
+                let rest = hasher.continue_chain_from(
+                    &parent,
+                    &mut &tokens[..],
+                    block_size,
+                    first,
+                    &inputs,
+                    &mut walk,
+                    &mut out,
+                );
+                assert_eq!(first + rest, n);
+                assert_eq!(
+                    out, whole,
+                    "block size {block_size}, block {refused} refused"
+                );
+            }
+        }
     }
 }
