@@ -178,8 +178,9 @@ impl WireArgs {
 /// `take_events_msgpack` of a pool, manager or group manager: the arguments read,
 /// then `take` called for the events. With `replay` (a `ReplayRing`) and `seq`, a
 /// batch that has events is also held in the ring as batch `seq`, copied there from
-/// the encoding buffer while it is still in cache. The ring's refusal (closed, or `seq` not above its last batch) is checked
-/// before any event is taken, so a refused call changes nothing.
+/// the encoding buffer while it is still in cache. The ring's refusal (closed, or
+/// `seq` not above its last batch) is checked before any event is taken, so a refused
+/// call changes nothing. The emptied event queue goes back through `give_back`.
 #[allow(clippy::too_many_arguments)]
 pub fn take_encoded<'py>(
     py: Python<'py>,
