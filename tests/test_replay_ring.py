@@ -3,6 +3,7 @@ the ring (of every size, unaligned) and held whole (larger than the ring), and b
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -55,6 +56,30 @@ def test_a_reader_sees_every_batch_whole_while_batches_are_appended() -> None:
     assert errors == []
     assert ring.drain(5.0)
     assert ring.batches_from(299)[0][1] == payload(299, BIG + 299 % 7)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_keeps_using_its_copy_of_the_ring() -> None:
+    # The ring has no thread of its own (its first design had a copier thread, which a
+    # forked child would lack): a child appends and reads its copy, the parent's is as it was.
+    ring = kvpool.ReplayRing(10, 10 * BIG)
+    ring.append(0, payload(0, BIG))
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ring.append(1, payload(1, BIG))
+            held = ring.batches_from(0)
+            # Held once append returns: nothing waits for a thread the child lacks.
+            drained = ring.drain(0.5)
+            code = 0 if drained and held == [(0, payload(0, BIG)), (1, payload(1, BIG))] else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert ring.batches_from(0) == [(0, payload(0, BIG))]
+    ring.append(1, payload(2, 10))
+    assert [s for s, _ in ring.batches_from(0)] == [0, 1]
 
 
 def test_bad_input_and_closing() -> None:
