@@ -500,9 +500,8 @@ class ReplayRing:
     than ``max_batches`` are held or a new one needs their bytes; a payload larger than
     the ring is held alone.
 
-    The ring's lock is held for a few pointer moves or one batch's copy, so a call may
-    wait for it with the GIL held; calls that copy (``append``, ``batches_from``)
-    release the GIL.
+    The ring's lock is held for a few pointer moves or one batch's copy, and every call
+    takes it with the GIL released.
     """
 
     def __new__(cls, max_batches: int, max_bytes: int) -> ReplayRing: ...
