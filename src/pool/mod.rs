@@ -44,7 +44,7 @@ mod tracker;
 
 pub use block_pool::{
     check_offsets, first_out_of_range, BlockPool, CacheBlocks, PoolConfig,
-    DEFAULT_MAX_PENDING_EVENTS, MAX_BLOCKS,
+    DEFAULT_MAX_PENDING_EVENTS, MAX_BLOCKS, RECYCLED_EVENTS_MAX,
 };
 pub use block_tables::{BlockTables, SlotCall};
 pub use class_lists::{ClassLists, ListEnds, MAX_CLASSES};
