@@ -72,7 +72,7 @@ impl PrefixMap {
         }
     }
 
-    /// An empty map sized for `keys` distinct keys, with [`ROOM_PER_KEY`] times
+    /// An empty map sized for `keys` distinct keys, with `ROOM_PER_KEY` times
     /// their room reserved (at most 2^21 keys' room up front);
     /// [`PoolError::OutOfMemory`] if that room cannot be had.
     pub fn with_hasher(hasher: KeyHasher, keys: usize) -> PoolResult<Self> {

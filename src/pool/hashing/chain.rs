@@ -166,7 +166,7 @@ impl BlockHasher {
     /// time: a source that decodes them (a Python list) reads only the blocks hashed.
     /// Stops before the first block `source` cannot give.
     ///
-    /// Blocks without extra keys take the short path ([`super::plain`]): a request
+    /// Blocks without extra keys take the short path (`hashing/plain.rs`): a request
     /// without any, block after block; one with some (a cache salt on its first
     /// block, images in a few), on each block that has none.
     pub fn extend_chain_from<S: TokenSource + ?Sized>(
