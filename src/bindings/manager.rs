@@ -20,8 +20,8 @@ use super::requests::{request_id, request_ids};
 use super::step::{step_args, step_limits, step_requests, PyStepResult};
 use super::tracker::segments;
 use crate::pool::{
-    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, RequestId, StepOutcome, TokenIds,
-    MAX_BLOCKS,
+    KVCacheManager, LoraInfo, ManagerConfig, PrefixCacheStats, RequestId, RequestKey, StepOutcome,
+    TokenIds, MAX_BLOCKS,
 };
 
 /// The block manager a scheduler calls per request (vLLM's ``KVCacheManager``
@@ -394,33 +394,35 @@ impl PyKVCacheManager {
         token_ids: &Bound<'_, PyAny>,
         offsets: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let ids = super::requests::request_ids(request_ids)?;
-        let (tokens, cuts) = segments(py, token_ids, offsets, ids.len())?;
-        let keeps_tokens = self.enable_caching; // token ids are read only with caching
-        self.with_manager(py, |manager| {
-            // Every request known, then every one within max_model_len (a request named
-            // twice counts both segments), before anything is appended.
-            for id in &ids {
-                manager.num_tokens(id)?;
-            }
-            let mut more: hashbrown::HashMap<&RequestId, usize> = hashbrown::HashMap::new();
-            for (id, w) in ids.iter().zip(cuts.windows(2)) {
-                let n = more.entry(id).or_default();
-                *n += w[1] - w[0];
-                manager.check_room(id, *n)?;
-            }
-            for (id, w) in ids.iter().zip(cuts.windows(2)) {
-                let segment = &tokens[w[0]..w[1]];
-                let segment = if keeps_tokens {
-                    TokenIds::Values(segment)
-                } else {
-                    TokenIds::Count(segment.len())
-                };
-                manager.append_token_ids(id, segment)?;
-            }
-            Ok(())
+        super::requests::with_request_keys(request_ids, |ids| {
+            let (tokens, cuts) = segments(py, token_ids, offsets, ids.len())?;
+            let keeps_tokens = self.enable_caching; // token ids are read only with caching
+            self.with_manager(py, |manager| {
+                // Every request known, then every one within max_model_len (a request
+                // named twice counts both segments), before anything is appended.
+                for id in ids {
+                    manager.num_tokens(id)?;
+                }
+                let mut more: hashbrown::HashMap<&RequestKey<'_>, usize> =
+                    hashbrown::HashMap::with_capacity(ids.len());
+                for (id, w) in ids.iter().zip(cuts.windows(2)) {
+                    let n = more.entry(id).or_default();
+                    *n += w[1] - w[0];
+                    manager.check_room(id, *n)?;
+                }
+                for (id, w) in ids.iter().zip(cuts.windows(2)) {
+                    let segment = &tokens[w[0]..w[1]];
+                    let segment = if keeps_tokens {
+                        TokenIds::Values(segment)
+                    } else {
+                        TokenIds::Count(segment.len())
+                    };
+                    manager.append_token_ids(id, segment)?;
+                }
+                Ok(())
+            })
+            .py_err(py)
         })
-        .py_err(py)
     }
 
     /// Frees a finished request's blocks (tail first) and forgets it.
@@ -431,8 +433,9 @@ impl PyKVCacheManager {
 
     /// Frees several requests in order; all ids are checked first.
     fn free_many(&self, py: Python<'_>, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = super::requests::request_ids(request_ids)?;
-        self.with_manager(py, |m| m.free_many(&ids)).py_err(py)
+        super::requests::with_request_keys(request_ids, |ids| {
+            self.with_manager(py, |m| m.free_many(ids)).py_err(py)
+        })
     }
 
     /// Preempts a request: frees its blocks (tail first); it keeps its tokens and

@@ -58,6 +58,35 @@ pub fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
     iter.map(|item| request_id(&item?)).collect()
 }
 
+/// Calls `f` with request ids borrowed from a sequence (a `str` id is not copied): for
+/// calls that only look requests up, which then allocate nothing per id.
+pub fn with_request_keys<R>(
+    obj: &Bound<'_, PyAny>,
+    f: impl FnOnce(&[RequestKey<'_>]) -> PyResult<R>,
+) -> PyResult<R> {
+    if obj.is_instance_of::<PyString>() {
+        return Err(error(
+            obj.py(),
+            ErrorKind::Dtype,
+            "request ids must be a sequence of ids, not one str",
+        ));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        error(
+            obj.py(),
+            ErrorKind::Dtype,
+            format!("request ids must be a sequence, got {}", type_name(obj)),
+        )
+    })?;
+    // The items are held, so the strings the keys borrow stay alive.
+    let items = iter.collect::<PyResult<Vec<_>>>()?;
+    let keys = items
+        .iter()
+        .map(request_key)
+        .collect::<PyResult<Vec<_>>>()?;
+    f(&keys)
+}
+
 /// The Python form of a request id.
 pub fn request_id_to_py<'py>(py: Python<'py>, id: &RequestId) -> PyResult<Bound<'py, PyAny>> {
     Ok(match id {

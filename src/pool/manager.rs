@@ -551,7 +551,10 @@ impl KVCacheManager {
     }
 
     /// Frees several requests, in order; all must be known and distinct (checked first).
-    pub fn free_many(&mut self, ids: &[RequestId]) -> PoolResult<()> {
+    pub fn free_many<K: RequestLookup + Eq + std::hash::Hash>(
+        &mut self,
+        ids: &[K],
+    ) -> PoolResult<()> {
         self.check_known(ids.iter())?;
         if ids.len() > 1 {
             let mut seen = hashbrown::HashSet::with_capacity(ids.len());
@@ -580,9 +583,9 @@ impl KVCacheManager {
         Ok(())
     }
 
-    pub(super) fn check_known<'a>(
+    pub(super) fn check_known<'a, K: RequestLookup + 'a>(
         &self,
-        mut ids: impl Iterator<Item = &'a RequestId>,
+        mut ids: impl Iterator<Item = &'a K>,
     ) -> PoolResult<()> {
         match ids.find(|id| !self.requests.contains_key(*id)) {
             Some(id) => Err(unknown(id)),
