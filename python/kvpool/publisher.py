@@ -59,17 +59,18 @@ class ZmqPublisher:
 
     ``ZmqPublisher("tcp://*:5557", replay_endpoint="tcp://*:5558", topic="", data_parallel_rank=0)``;
     ``publish_from(manager)`` takes a kvpool manager's or pool's queued events and sends them
-    (the fastest path: encoded in Rust and copied into the replay buffer while still in cache).
-    ``publish(events)`` takes the payload of ``take_events_msgpack()``, kvpool's events (``take_events()``) or :mod:`kvpool.wire` events (both
-    encoded here first). ``group_specs`` maps a group index to its ``(kv_cache_spec_kind,
+    (the fastest path: encoded in Rust and copied into the replay buffer while still in
+    cache). ``publish(events)`` takes the payload of ``take_events_msgpack()``, kvpool's
+    events (``take_events()``) or :mod:`kvpool.wire` events (both encoded here first).
+    ``group_specs`` maps a group index to its ``(kv_cache_spec_kind,
     kv_cache_spec_sliding_window)`` for event objects and for ``publish_from``.
 
     ``publish`` never waits on the network: a PUB socket hands the frames to ZeroMQ's own I/O
     thread and drops them for a subscriber ``hwm`` messages behind, which then asks the replay
     socket for them. A background thread serves replay requests; the replay buffer
     (:class:`kvpool.ReplayRing`) keeps each payload in one preallocated ring, written with
-    stores that bypass the cache, so that keeping it hardly slows the step (about 1% of a
-    serving step that stores 4,000 blocks, ``docs/events.md``).
+    stores that bypass the cache, so that keeping it costs a serving step that stores 4,000
+    blocks about 1% (publishing as a whole about 5%, ``docs/events.md``).
 
     Replay serves the last ``buffer_steps`` batches that fit in ``buffer_bytes`` of payload
     (default 256 MiB; the newest batch is always kept); a request from an older sequence
@@ -153,8 +154,8 @@ class ZmqPublisher:
     def publish_from(self, source: Any, ts: float | None = None) -> bool:
         """Take the queued events of ``source`` (a ``KVCacheManager``, ``BlockPool`` or
         ``GroupManager``) as one batch and send it (never waits on the network); an empty
-        batch is not sent. The batch is encoded in Rust and held for replay without a
-        Python object in between. ``ts`` defaults to now. Returns True."""
+        batch is not sent. The batch is encoded in Rust and held for replay in the same
+        call. ``ts`` defaults to now. Returns True."""
         if not self._running:
             raise RuntimeError("the publisher is closed")
         with self._lock:

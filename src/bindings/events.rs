@@ -206,7 +206,7 @@ pub fn take_encoded<'py>(
         _ => Ok(args.encode(py, &events)),
     };
     // The events are dropped here, outside the owner's lock; their room goes back.
-    py.detach(|| events.clear());
+    events.clear();
     give_back(events);
     encoded
 }

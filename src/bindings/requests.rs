@@ -1,7 +1,7 @@
 //! Request ids from Python: `str` or `int`.
 
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyIterator, PyString};
 
 use super::convert::{type_name, utf8_str};
 use super::errors::{error, ErrorKind};
@@ -39,8 +39,8 @@ pub fn request_key<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<RequestKey<'a>> {
     ))
 }
 
-/// Request ids from a sequence.
-pub fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
+/// The items of a sequence of request ids (a lone `str` is refused, not iterated).
+fn id_sequence<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyIterator>> {
     if obj.is_instance_of::<PyString>() {
         return Err(error(
             obj.py(),
@@ -48,14 +48,18 @@ pub fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
             "request ids must be a sequence of ids, not one str",
         ));
     }
-    let iter = obj.try_iter().map_err(|_| {
+    obj.try_iter().map_err(|_| {
         error(
             obj.py(),
             ErrorKind::Dtype,
             format!("request ids must be a sequence, got {}", type_name(obj)),
         )
-    })?;
-    iter.map(|item| request_id(&item?)).collect()
+    })
+}
+
+/// Request ids from a sequence.
+pub fn request_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RequestId>> {
+    id_sequence(obj)?.map(|item| request_id(&item?)).collect()
 }
 
 /// Calls `f` with request ids borrowed from a sequence (a `str` id is not copied): for
@@ -64,22 +68,8 @@ pub fn with_request_keys<R>(
     obj: &Bound<'_, PyAny>,
     f: impl FnOnce(&[RequestKey<'_>]) -> PyResult<R>,
 ) -> PyResult<R> {
-    if obj.is_instance_of::<PyString>() {
-        return Err(error(
-            obj.py(),
-            ErrorKind::Dtype,
-            "request ids must be a sequence of ids, not one str",
-        ));
-    }
-    let iter = obj.try_iter().map_err(|_| {
-        error(
-            obj.py(),
-            ErrorKind::Dtype,
-            format!("request ids must be a sequence, got {}", type_name(obj)),
-        )
-    })?;
     // The items are held, so the strings the keys borrow stay alive.
-    let items = iter.collect::<PyResult<Vec<_>>>()?;
+    let items = id_sequence(obj)?.collect::<PyResult<Vec<_>>>()?;
     let keys = items
         .iter()
         .map(request_key)

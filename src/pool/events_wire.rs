@@ -246,8 +246,11 @@ pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut
     let mut w = Writer(out);
     w.array(3);
     w.f64(batch.ts);
-    w.array(events.len()); // the pool emits one event per removed hash, as vLLM does
-                           // What follows the hash in each `BlockRemoved`, up to the group index.
+    // The pool emits one event per removed hash, as vLLM does.
+    w.array(events.len());
+    // What follows the hash in each `BlockRemoved`, up to the group index: the same
+    // for the whole batch, so written once (with `REMOVED_HEAD`, about 10% of a serving
+    // step's encoding, `cargo bench --bench events_wire`).
     let mut removed_tail = Vec::with_capacity(24 + batch.medium.len());
     let mut tail = Writer(&mut removed_tail);
     tail.str("medium");

@@ -42,11 +42,11 @@ struct Held {
 struct Inner {
     /// The ring's bytes: reserved at construction, grown into during the first lap.
     ring: Vec<u8>,
-    /// Held batches, oldest first (sequence numbers increase).
+    /// Held batches, oldest first (sequence numbers increase). All are in the ring but
+    /// a payload larger than it, which is held alone (any other batch with it would put
+    /// the bytes held over the bound, so the older of the two goes).
     held: VecDeque<Held>,
     held_bytes: usize,
-    /// The held batches in the ring, `(seq, start, len)`, oldest first.
-    in_ring: VecDeque<(u64, usize, usize)>,
     /// Where the next payload goes.
     head: usize,
     /// The last batch number appended.
@@ -113,7 +113,6 @@ impl ReplayRing {
                 ring,
                 held: VecDeque::new(),
                 held_bytes: 0,
-                in_ring: VecDeque::new(),
                 head: 0,
                 last_seq: None,
                 closed: false,
@@ -198,9 +197,6 @@ impl ReplayRing {
     /// Holds `held`, then lets the oldest go while over a bound (the newest stays).
     fn hold(&self, inner: &mut Inner, held: Held) {
         inner.held_bytes += held.len;
-        if let Place::Ring(start) = held.place {
-            inner.in_ring.push_back((held.seq, start, held.len));
-        }
         inner.held.push_back(held);
         while inner.held.len() > self.max_batches
             || (inner.held_bytes > self.capacity && inner.held.len() > 1)
@@ -212,8 +208,8 @@ impl ReplayRing {
 
 /// Frees the ring bytes a payload of `len` (at most `capacity`) goes to: from the head,
 /// or from 0 when it does not fit before the end. The ring's batches after the head
-/// are its oldest, so they go while they overlap the region (wrapping frees everything
-/// from the head to the end too), each with every batch older than it.
+/// are its oldest, so they go, oldest first, while they overlap the region (wrapping
+/// frees everything from the head to the end too).
 fn make_room(inner: &mut Inner, capacity: usize, len: usize) -> usize {
     let start = if inner.head + len <= capacity {
         inner.head
@@ -222,15 +218,18 @@ fn make_room(inner: &mut Inner, capacity: usize, len: usize) -> usize {
     };
     let end = start + len;
     let wrapped = start < inner.head;
-    while let Some(&(seq, at, n)) = inner.in_ring.front() {
+    while let Some(&Held {
+        len: n,
+        place: Place::Ring(at),
+        ..
+    }) = inner.held.front()
+    {
         let in_tail = wrapped && at >= inner.head;
         let overlaps = at < end && at + n > start;
         if !(in_tail || overlaps) {
             break;
         }
-        while inner.held.front().is_some_and(|h| h.seq <= seq) {
-            drop_oldest(inner);
-        }
+        drop_oldest(inner);
     }
     inner.head = end;
     start
@@ -239,9 +238,6 @@ fn make_room(inner: &mut Inner, capacity: usize, len: usize) -> usize {
 fn drop_oldest(inner: &mut Inner) {
     if let Some(held) = inner.held.pop_front() {
         inner.held_bytes -= held.len;
-        if let Place::Ring(_) = held.place {
-            inner.in_ring.pop_front();
-        }
     }
 }
 

@@ -226,12 +226,13 @@ impl BlockHasher {
         let first = start_block + hashed;
         let mut cursor = walk.unwrap_or_else(|| extra.mm_cursor(first, block_size));
         for block_index in first..end_block {
-            // Where the walk stands before this block: kept if the block is not hashed.
-            *walk = Some(cursor);
+            // The walk advances on a copy, kept once the block is hashed: a block not
+            // hashed leaves it where a call continuing this one must start.
+            let mut next = cursor;
             let keys = if plain {
                 BlockExtraKeys::NONE
             } else {
-                match extra.block_keys(block_index, block_size, &mut cursor) {
+                match extra.block_keys(block_index, block_size, &mut next) {
                     Some(keys) => keys,
                     None => break, // no digest (not reached: end_block stops first)
                 }
@@ -243,6 +244,7 @@ impl BlockHasher {
                 let bufs = &mut self.plain_bufs;
                 if plain::hash_chain(self.algo, p, source, block_size, one, bufs, out) == 1 {
                     hashed += 1;
+                    cursor = next;
                     continue;
                 }
             }
@@ -252,8 +254,9 @@ impl BlockHasher {
             let d = self.hash_block_keys(p, tokens, &keys);
             out.extend_from_slice(&d);
             hashed += 1;
-            *walk = Some(cursor);
+            cursor = next;
         }
+        *walk = Some(cursor);
         hashed
     }
 
