@@ -98,13 +98,23 @@ def test_frames_equal_vllms_publisher(rank: int) -> None:
     assert dataclasses.replace(mine, endpoint="", replay_endpoint="") == dataclasses.replace(vllms, endpoint="", replay_endpoint="")
 
 
-def test_install_makes_the_factory_build_kvpools_publisher(tmp_path: Path) -> None:
+def test_install_makes_the_factory_build_kvpools_publisher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm.v1.core.kv_cache_manager as kv_cache_manager
+    import vllm.v1.core.kv_cache_utils as kv_cache_utils
+    import vllm.v1.core.sched.scheduler as scheduler
+    import vllm.v1.engine.core as engine_core
     from vllm.config.kv_events import KVEventsConfig
     from vllm.distributed.kv_events import EventPublisherFactory
 
     from kvpool.vllm import install
     from kvpool.vllm.events import KvpoolEventPublisher
 
+    # Everything install() points at kvpool goes back to vLLM's after the test, so that
+    # later tests comparing with vLLM's own classes get vLLM's.
+    for module, name in ((scheduler, "KVCacheManager"), (kv_cache_manager, "KVCacheManager"),
+                         (kv_cache_utils, "get_request_block_hasher"), (engine_core, "get_request_block_hasher")):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setitem(EventPublisherFactory._registry, "zmq", EventPublisherFactory._registry["zmq"])
     install()
     for kind in ("zmq",):
         config = KVEventsConfig(enable_kv_cache_events=True, publisher=kind, endpoint=f"ipc://{tmp_path}/{kind}",
