@@ -6,8 +6,9 @@ arrives whole.
    and events on (100 requests of 700 fresh tokens each step, 16-token blocks: prefill, one
    decode token, free; 4,300 blocks stored a step), the step's events taken each time. Runs
    alternate between taking them as msgpack and dropping them, publishing that msgpack
-   (``publish(take_events_msgpack())``), and ``publish_from(manager)`` (encoded and held for
-   replay in Rust); then, in rounds of their own, publishing the event objects
+   (``publish(take_events_msgpack())``), ``publish_from(manager)`` (encoded and held for
+   replay in Rust, the payload lent to ZeroMQ from Rust) and the same with pyzmq's copying
+   send (``lends_payloads = False``, the publisher before ``kvpool.ZmqSink``); then, in rounds of their own, publishing the event objects
    (``take_events``, converted and encoded in Python). Short runs (``--steps``, default 10)
    in many rounds (``--rounds``, default 101): on these shared machines a step's time drifts
    by 30% from one run to the next, so what counts is each round's ratio between runs back
@@ -85,7 +86,8 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
                                     buffer_steps, buffer_bytes)
         while listener is not None and listener.poll(100) is not None:
             pass
-    names = ("events dropped", "published as bytes", "published from the manager", "published as objects")
+    names = ("events dropped", "published as bytes", "published from the manager",
+             "from the manager, pyzmq copy", "published as objects")
     times: dict[str, list[float]] = {n: [] for n in names}
     blocks = 0
 
@@ -95,6 +97,8 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
         # payloads (and their memory) from the runs before it.
         pub = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps,
                            buffer_bytes=buffer_bytes, group_specs={0: ("full_attention", None)}) if fresh else publisher
+        # The payload lent to ZeroMQ from Rust (the default), or copied by pyzmq's send.
+        pub.lends_payloads = name != "from the manager, pyzmq copy"
         t0 = time.perf_counter()
         for s, prompts in enumerate(workload):
             serving_step(manager, prompts, s)
@@ -103,6 +107,8 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
             elif name == "published as bytes":
                 pub.publish(manager.take_events_msgpack(group_specs={0: ("full_attention", None)}))
             elif name == "published from the manager":
+                pub.publish_from(manager)
+            elif name == "from the manager, pyzmq copy":
                 pub.publish_from(manager)
             else:
                 pub.publish(manager.take_events())
@@ -117,7 +123,7 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
     # The byte path races the baseline, interleaved; the object path (5x slower, and hundreds of
     # MB of Python objects that would leave the heap and caches cold for the run after it) is
     # timed in rounds of its own, after them.
-    for pair in (names[:3], names[3:]):
+    for pair in (names[:4], names[4:]):
         for r in range(rounds + 1):
             # Fresh prompts every step, so that every step stores all its blocks (made outside the clock).
             workload = [[rng.integers(1, 50_000, 700) for _ in range(100)] for _ in range(steps)]

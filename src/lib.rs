@@ -39,6 +39,8 @@ mod _core {
     use crate::bindings::vllm_calls::PyVllmManagerCalls;
     #[pymodule_export]
     use crate::bindings::vllm_group_calls::PyVllmGroupCalls;
+    #[pymodule_export]
+    use crate::bindings::zmq_sink::PyZmqSink;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -201,6 +201,26 @@ class BlockPool:
         cache, on this thread, the GIL released); the ring's refusal (closed, or
         ``seq`` not above its last batch) is raised before any event is taken.
         """
+    def send_events(
+        self,
+        sink: ZmqSink,
+        seq: int,
+        ts: float | None = None,
+        *,
+        data_parallel_rank: int | None = None,
+        group_specs: dict[int, tuple[str | None, int | None]] | None = None,
+        medium: str | None = None,
+        replay: ReplayRing | None = None,
+    ) -> int:
+        """Takes the queued events as one batch, encoded as ``take_events_msgpack`` encodes
+        it, holds it in ``replay`` (a ``ReplayRing``, if given) as batch ``seq`` and sends
+        it on ``sink`` (a ``ZmqSink``) as vLLM's three frames, the payload lent to ZeroMQ
+        rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
+        in bytes; 0 when there was no event, and then nothing is held or sent. A closed
+        sink or ring, or ``seq`` not above the ring's last batch, is raised before any
+        event is taken; a send that fails after that raises ``TransportError`` with the
+        batch held.
+        """
     @property
     def max_pending_events(self) -> int:
         """Most events queued before the oldest are dropped."""
@@ -288,6 +308,9 @@ class OutOfMemoryError(KVPoolError, MemoryError):
 
 class PinBudgetError(KVPoolError, ValueError):
     """Pinning would exceed the pool's budget of pinned blocks (max_pinned_blocks); nothing was pinned."""
+
+class TransportError(KVPoolError, RuntimeError):
+    """A batch could not be handed to ZeroMQ: the socket is closed, its context terminated, or the libzmq pyzmq uses cannot be reached from kvpool."""
 
 _HashAlgoName = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
 _EvictionName = Literal["lru", "priority", "adaptive"]
@@ -512,6 +535,9 @@ class ReplayRing:
         """
     def batches_from(self, first: int) -> list[tuple[int, bytes]]:
         """The held batches numbered ``first`` or later, oldest first, as ``(seq, bytes)``."""
+    @property
+    def last_seq(self) -> int | None:
+        """The number of the last batch appended (held, or let go since), or ``None``."""
     def __len__(self) -> int: ...
     @property
     def num_bytes(self) -> int:
@@ -522,6 +548,30 @@ class ReplayRing:
         """
     def close(self) -> None:
         """Later appends raise; what is held stays readable."""
+
+@final
+class ZmqSink:
+    """A pyzmq ``PUB`` (or ``XPUB``) socket that event batches are sent on from Rust, each
+    as vLLM's three frames (topic, sequence number as 8 bytes big-endian, payload), the
+    payload lent to ZeroMQ without a copy (``send_events`` of a manager, a pool or a
+    group manager; ``ZmqPublisher`` uses it when it can).
+
+    Raises ``TransportError`` when the libzmq pyzmq uses cannot be reached from here
+    (not Linux, or no single loaded libzmq of pyzmq's version), ``DtypeError`` for
+    anything but a ``zmq.Socket`` (and a topic not ``bytes``) and ``InvalidArgumentError``
+    for a socket closed or of another type than PUB or XPUB. The
+    socket stays pyzmq's: options, binding and closing go through it; the sink keeps it
+    alive and sends only while it is open. Like the socket, a sink must not be used by
+    two threads at once.
+    """
+
+    def __new__(cls, socket: Any, topic: bytes | None = None) -> ZmqSink: ...
+    @property
+    def topic(self) -> bytes:
+        """The topic frame every batch is sent with."""
+    @property
+    def libzmq_version(self) -> tuple[int, int, int]:
+        """The libzmq version in use, ``(major, minor, patch)``."""
 
 @final
 class StepResult:
@@ -753,6 +803,9 @@ class GroupManager:
         """Fraction of usable blocks in use."""
     def get_num_free_blocks(self) -> int:
         """Free blocks in the pool."""
+    @property
+    def num_pending_events(self) -> int:
+        """Number of queued events (what ``take_events`` would return)."""
     def take_events(self) -> list[KVCacheEvent]:
         """Queued KV-cache events, oldest first (the queue is emptied)."""
     def take_events_msgpack(
@@ -774,6 +827,26 @@ class GroupManager:
         held in the ring as batch ``seq`` (written there with stores that bypass the
         cache, on this thread, the GIL released); the ring's refusal (closed, or
         ``seq`` not above its last batch) is raised before any event is taken.
+        """
+    def send_events(
+        self,
+        sink: ZmqSink,
+        seq: int,
+        ts: float | None = None,
+        *,
+        data_parallel_rank: int | None = None,
+        group_specs: dict[int, tuple[str | None, int | None]] | None = None,
+        medium: str | None = None,
+        replay: ReplayRing | None = None,
+    ) -> int:
+        """Takes the queued events as one batch, encoded as ``take_events_msgpack`` encodes
+        it, holds it in ``replay`` (a ``ReplayRing``, if given) as batch ``seq`` and sends
+        it on ``sink`` (a ``ZmqSink``) as vLLM's three frames, the payload lent to ZeroMQ
+        rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
+        in bytes; 0 when there was no event, and then nothing is held or sent. A closed
+        sink or ring, or ``seq`` not above the ring's last batch, is raised before any
+        event is taken; a send that fails after that raises ``TransportError`` with the
+        batch held.
         """
     def reset_prefix_cache(self) -> bool:
         """Clears the prefix cache; ``False`` (nothing changes) while blocks are in use."""
@@ -1203,6 +1276,26 @@ class KVCacheManager:
         held in the ring as batch ``seq`` (written there with stores that bypass the
         cache, on this thread, the GIL released); the ring's refusal (closed, or
         ``seq`` not above its last batch) is raised before any event is taken.
+        """
+    def send_events(
+        self,
+        sink: ZmqSink,
+        seq: int,
+        ts: float | None = None,
+        *,
+        data_parallel_rank: int | None = None,
+        group_specs: dict[int, tuple[str | None, int | None]] | None = None,
+        medium: str | None = None,
+        replay: ReplayRing | None = None,
+    ) -> int:
+        """Takes the queued events as one batch, encoded as ``take_events_msgpack`` encodes
+        it, holds it in ``replay`` (a ``ReplayRing``, if given) as batch ``seq`` and sends
+        it on ``sink`` (a ``ZmqSink``) as vLLM's three frames, the payload lent to ZeroMQ
+        rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
+        in bytes; 0 when there was no event, and then nothing is held or sent. A closed
+        sink or ring, or ``seq`` not above the ring's last batch, is raised before any
+        event is taken; a send that fails after that raises ``TransportError`` with the
+        batch held.
         """
     @property
     def num_pending_events(self) -> int:

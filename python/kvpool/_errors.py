@@ -37,6 +37,7 @@ if TYPE_CHECKING or HAVE_CORE:
         DuplicateRequestError,
         OutOfMemoryError,
         PinBudgetError,
+        TransportError,
         UnknownRequestError,
     )
 else:
@@ -83,6 +84,9 @@ else:
     class PinBudgetError(KVPoolError, ValueError):
         """Pinning would exceed the pool's budget of pinned blocks (max_pinned_blocks); nothing was pinned."""
 
+    class TransportError(KVPoolError, RuntimeError):
+        """A batch could not be handed to ZeroMQ: the socket is closed, its context terminated, or the libzmq pyzmq uses cannot be reached from kvpool."""
+
     for _cls in (
         KVPoolError,
         NoFreeBlocksError,
@@ -98,6 +102,7 @@ else:
         DuplicateRequestError,
         OutOfMemoryError,
         PinBudgetError,
+        TransportError,
     ):
         _cls.__module__ = "kvpool"
     del _cls
@@ -117,5 +122,6 @@ __all__ = [
     "NoFreeBlocksError",
     "OutOfMemoryError",
     "PinBudgetError",
+    "TransportError",
     "UnknownRequestError",
 ]

@@ -40,6 +40,15 @@ def _no_events(payload: bytes) -> bool:
     return len(payload) > 10 and payload[0] == 0x93 and payload[1] == 0xCB and payload[10] == 0x90
 
 
+def _sink_for(socket: zmq.Socket[Any], topic: bytes) -> kvpool.ZmqSink | None:
+    """A ``ZmqSink`` on ``socket``, or ``None`` where kvpool cannot reach pyzmq's libzmq
+    (then ``publish_from`` sends through pyzmq)."""
+    try:
+        return kvpool.ZmqSink(socket, topic)
+    except kvpool.TransportError:
+        return None
+
+
 #: The replay buffer's default bound on payload bytes.
 DEFAULT_BUFFER_BYTES = 256 << 20
 
@@ -59,8 +68,10 @@ class ZmqPublisher:
 
     ``ZmqPublisher("tcp://*:5557", replay_endpoint="tcp://*:5558", topic="", data_parallel_rank=0)``;
     ``publish_from(manager)`` takes a kvpool manager's or pool's queued events and sends them
-    (the fastest path: encoded in Rust and copied into the replay buffer while still in
-    cache). ``publish(events)`` takes the payload of ``take_events_msgpack()``, kvpool's
+    (the fastest path: encoded in Rust into a buffer that is copied into the replay buffer
+    while still in cache and then lent to ZeroMQ, with no Python object and no copy for the
+    send; ``lend_payloads=False``, or a process where kvpool cannot reach the libzmq pyzmq
+    loaded, sends through pyzmq instead, which copies). ``publish(events)`` takes the payload of ``take_events_msgpack()``, kvpool's
     events (``take_events()``) or :mod:`kvpool.wire` events (both encoded here first).
     ``group_specs`` maps a group index to its ``(kv_cache_spec_kind,
     kv_cache_spec_sliding_window)`` for event objects and for ``publish_from``.
@@ -93,6 +104,7 @@ class ZmqPublisher:
         group_specs: Mapping[int, tuple[str | None, int | None]] | None = None,
         context: zmq.Context[Any] | None = None,
         bind: bool = True,
+        lend_payloads: bool = True,
     ) -> None:
         if buffer_steps < 1 or buffer_bytes < 0 or hwm < 0:
             raise kvpool.InvalidArgumentError("buffer_steps must be >= 1, buffer_bytes and hwm >= 0")
@@ -109,6 +121,9 @@ class ZmqPublisher:
         else:
             self._pub.connect(endpoint)
             self.endpoint = endpoint
+        #: ``publish_from``'s way to the PUB socket: from Rust, the payload lent to ZeroMQ
+        #: (``kvpool.ZmqSink``), or ``None`` for pyzmq's copying send.
+        self._sink = _sink_for(self._pub, self._topic) if lend_payloads else None
         self._replay: zmq.Socket[Any] | None = None
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:
@@ -160,6 +175,16 @@ class ZmqPublisher:
             raise RuntimeError("the publisher is closed")
         with self._lock:
             seq = self._seq
+            if self._sink is not None and seq not in self.lose_on_the_wire:
+                try:
+                    source.send_events(self._sink, seq, ts, data_parallel_rank=self._rank,
+                                       group_specs=self._group_specs, replay=self._buffer)
+                finally:
+                    # Held for replay (sent, or the send failed after): the number is used.
+                    if self._buffer.last_seq == seq:
+                        self._seq = seq + 1
+                        self._sent += 1
+                return True
             payload = source.take_events_msgpack(ts, data_parallel_rank=self._rank,
                                                  group_specs=self._group_specs, replay=self._buffer, seq=seq)
             if not _no_events(payload):
@@ -172,6 +197,21 @@ class ZmqPublisher:
         if seq not in self.lose_on_the_wire:
             self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
         self._sent += 1
+
+    @property
+    def lends_payloads(self) -> bool:
+        """Whether ``publish_from`` sends from Rust with the payload lent to ZeroMQ (see
+        ``lend_payloads``). Settable: False sends through pyzmq from the next batch on;
+        True goes back to lending where kvpool can reach pyzmq's libzmq (the value read
+        back says whether it could)."""
+        return self._sink is not None
+
+    @lends_payloads.setter
+    def lends_payloads(self, lend: bool) -> None:
+        with self._lock:
+            if not self._running:
+                raise RuntimeError("the publisher is closed")
+            self._sink = _sink_for(self._pub, self._topic) if lend else None
 
     def stats(self) -> PublisherStats:
         """Batches sent, batches and payload bytes held for replay, replays served."""

@@ -662,6 +662,41 @@ impl PyBlockPool {
         )
     }
 
+    /// Takes the queued events as one batch, encoded as ``take_events_msgpack`` encodes
+    /// it, holds it in ``replay`` (a ``ReplayRing``, if given) as batch ``seq`` and sends
+    /// it on ``sink`` (a ``ZmqSink``) as vLLM's three frames, the payload lent to ZeroMQ
+    /// rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
+    /// in bytes; 0 when there was no event, and then nothing is held or sent. A closed
+    /// sink or ring, or ``seq`` not above the ring's last batch, is raised before any
+    /// event is taken; a send that fails after that raises ``TransportError`` with the
+    /// batch held.
+    #[pyo3(signature = (sink, seq, ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn send_events(
+        &self,
+        py: Python<'_>,
+        sink: &Bound<'_, PyAny>,
+        seq: &Bound<'_, PyAny>,
+        ts: Option<&Bound<'_, PyAny>>,
+        data_parallel_rank: Option<&Bound<'_, PyAny>>,
+        group_specs: Option<&Bound<'_, PyAny>>,
+        medium: Option<&Bound<'_, PyAny>>,
+        replay: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        super::events::take_sent(
+            py,
+            sink,
+            seq,
+            ts,
+            data_parallel_rank,
+            group_specs,
+            medium,
+            replay,
+            || self.with_pool(py, |pool| pool.take_events()),
+            |buffer| self.with_pool(py, |pool| pool.recycle_event_buffer(buffer)),
+        )
+    }
+
     /// The queued KV-cache events, oldest first; the queue is emptied.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.with_pool(py, |pool| pool.take_events());

@@ -31,6 +31,7 @@ pub enum ErrorKind {
     DuplicateRequest,
     OutOfMemory,
     PinBudget,
+    Transport,
 }
 
 /// Builtin base of a class, besides `KVPoolError`.
@@ -44,7 +45,7 @@ enum Builtin {
     Memory,
 }
 
-const CLASSES: [(&str, Builtin, &str); 14] = [
+const CLASSES: [(&str, Builtin, &str); 15] = [
     (
         "KVPoolError",
         Builtin::None,
@@ -114,6 +115,11 @@ const CLASSES: [(&str, Builtin, &str); 14] = [
         "PinBudgetError",
         Builtin::Value,
         "Pinning would exceed the pool's budget of pinned blocks (max_pinned_blocks); nothing was pinned.",
+    ),
+    (
+        "TransportError",
+        Builtin::Runtime,
+        "A batch could not be handed to ZeroMQ: the socket is closed, its context terminated, or the libzmq pyzmq uses cannot be reached from kvpool.",
     ),
 ];
 

@@ -211,6 +211,63 @@ pub fn take_encoded<'py>(
     encoded
 }
 
+/// `send_events` of a pool, manager or group manager: the arguments read, then `take`
+/// called for the events; a batch that has events is encoded (the GIL released) into a
+/// buffer ZeroMQ gets back to, held in `replay` (if given) as batch `seq`, and sent on
+/// `sink` with the payload lent. Returns the payload's length, 0 when there were no
+/// events (nothing held or sent). The sink's and the ring's refusals are checked before
+/// any event is taken; a send that fails after that raises ``TransportError`` with the
+/// batch held.
+#[allow(clippy::too_many_arguments)]
+pub fn take_sent(
+    py: Python<'_>,
+    sink: &Bound<'_, PyAny>,
+    seq: &Bound<'_, PyAny>,
+    ts: Option<&Bound<'_, PyAny>>,
+    data_parallel_rank: Option<&Bound<'_, PyAny>>,
+    group_specs: Option<&Bound<'_, PyAny>>,
+    medium: Option<&Bound<'_, PyAny>>,
+    replay: Option<&Bound<'_, PyAny>>,
+    take: impl FnOnce() -> Vec<PoolEvent>,
+    give_back: impl FnOnce(Vec<PoolEvent>),
+) -> PyResult<usize> {
+    let args = WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
+    let sink = sink
+        .cast::<super::zmq_sink::PyZmqSink>()
+        .map_err(|_| {
+            super::errors::error(
+                py,
+                super::errors::ErrorKind::Dtype,
+                format!(
+                    "sink must be a kvpool.ZmqSink, got {}",
+                    super::convert::type_name(sink)
+                ),
+            )
+        })?
+        .get();
+    let seq = super::convert::int_arg(seq, "seq", 0, i64::MAX)? as u64;
+    let ring = replay_ring_arg(py, replay)?;
+    sink.check_open(py)?;
+    if let Some(ring) = ring {
+        ring.check_next(py, seq)?;
+    }
+    let mut events = take();
+    if events.is_empty() {
+        give_back(events);
+        return Ok(0);
+    }
+    let mut payload = super::zmq_sink::spare_buffer();
+    py.detach(|| args.encode_into(&events, &mut payload));
+    events.clear();
+    give_back(events);
+    if let Some(ring) = ring {
+        ring.hold(py, seq, &payload)?;
+    }
+    let len = payload.len();
+    sink.send_batch(py, seq, payload)?;
+    Ok(len)
+}
+
 /// `take_events_msgpack`'s ``replay`` and ``seq``: both or neither.
 fn replay_target<'a, 'py>(
     py: Python<'py>,
@@ -225,13 +282,23 @@ fn replay_target<'a, 'py>(
         )
     };
     let seq = super::convert::opt_int_arg(seq, "seq", 0, i64::MAX)?;
+    match (replay_ring_arg(py, replay)?, seq) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(invalid(
+            "seq is the batch number in replay; give it with replay",
+        )),
+        (Some(_), None) => Err(invalid("replay needs seq, the batch's number")),
+        (Some(ring), Some(seq)) => Ok(Some((ring, seq as u64))),
+    }
+}
+
+/// A ``replay`` argument: ``None`` or a ``kvpool.ReplayRing``.
+fn replay_ring_arg<'a, 'py>(
+    py: Python<'py>,
+    replay: Option<&'a Bound<'py, PyAny>>,
+) -> PyResult<Option<&'a super::replay_ring::PyReplayRing>> {
     let Some(ring) = replay.filter(|r| !r.is_none()) else {
-        return match seq {
-            Some(_) => Err(invalid(
-                "seq is the batch number in replay; give it with replay",
-            )),
-            None => Ok(None),
-        };
+        return Ok(None);
     };
     let ring = ring
         .cast::<super::replay_ring::PyReplayRing>()
@@ -245,8 +312,7 @@ fn replay_target<'a, 'py>(
                 ),
             )
         })?;
-    let seq = seq.ok_or_else(|| invalid("replay needs seq, the batch's number"))?;
-    Ok(Some((ring.get(), seq as u64)))
+    Ok(Some(ring.get()))
 }
 
 /// The bytes `write` appends to an empty buffer (run with the GIL released), through

@@ -21,3 +21,4 @@ pub mod step;
 pub mod tracker;
 pub mod vllm_calls;
 pub mod vllm_group_calls;
+pub mod zmq_sink;

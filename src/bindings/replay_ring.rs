@@ -44,6 +44,12 @@ impl PyReplayRing {
             .map_err(|e| append_error(py, e, seq))?;
         Ok(bytes)
     }
+
+    /// Holds a copy of `payload` as batch `seq` (with the GIL released).
+    pub(crate) fn hold(&self, py: Python<'_>, seq: u64, payload: &[u8]) -> PyResult<()> {
+        py.detach(|| self.ring.append(seq, payload))
+            .map_err(|e| append_error(py, e, seq))
+    }
 }
 
 /// The Python error of a refused append.
@@ -122,6 +128,12 @@ impl PyReplayRing {
             })
             .collect::<PyResult<Vec<_>>>()?;
         PyList::new(py, items)
+    }
+
+    /// The number of the last batch appended (held, or let go since), or ``None``.
+    #[getter]
+    fn last_seq(&self, py: Python<'_>) -> Option<u64> {
+        py.detach(|| self.ring.last_seq())
     }
 
     /// Batches held.

@@ -174,6 +174,11 @@ impl ReplayRing {
         out
     }
 
+    /// The number of the last batch appended (held, or let go since), if any.
+    pub fn last_seq(&self) -> Option<u64> {
+        lock(&self.inner).last_seq
+    }
+
     /// Batches held.
     pub fn len(&self) -> usize {
         lock(&self.inner).held.len()
