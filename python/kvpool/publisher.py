@@ -13,7 +13,8 @@ stores 4,000 blocks would hold 2.7 GB.
 
 Unlike vLLM's publisher, there is no Python thread between the caller and the PUB socket:
 ``take_events_msgpack()`` encodes in Rust and ``publish`` hands the frames to ZeroMQ, whose
-own I/O thread sends them; a Python thread would share the GIL with the scheduler and cost it
+own I/O thread sends them (``publish_from`` sends them from Rust, the payload lent to ZeroMQ
+rather than copied: :class:`kvpool.ZmqSink`); a Python thread would share the GIL with the scheduler and cost it
 more (measured in ``benches/events_publish.py``). Needs ``pip install 'kvpool[wire]'``
 (msgspec, pyzmq).
 """
@@ -81,7 +82,7 @@ class ZmqPublisher:
     socket for them. A background thread serves replay requests; the replay buffer
     (:class:`kvpool.ReplayRing`) keeps each payload in one preallocated ring, written with
     stores that bypass the cache, so that keeping it costs a serving step that stores 4,000
-    blocks about 1% (publishing as a whole about 5%, ``docs/events.md``).
+    blocks about 1% (publishing as a whole with ``publish_from`` 1-3%, ``docs/events.md``).
 
     Replay serves the last ``buffer_steps`` batches that fit in ``buffer_bytes`` of payload
     (default 256 MiB; the newest batch is always kept); a request from an older sequence
