@@ -571,6 +571,8 @@ ERROR_CASES: list[tuple[str, type[BaseException], Any]] = [
      lambda m: m.schedule_step(["a", "nope"], 1, preempt=True)),
     # many
     ("free_many with a duplicate", InvalidArgumentError, lambda m: m.free_many(["a", "b", "a"])),
+    # an unknown id is reported before a repeated one, wherever it is
+    ("free_many with a duplicate, then an unknown id", UnknownRequestError, lambda m: m.free_many(["a", "a", "zz"])),
     ("append_many with bad offsets", InvalidArgumentError, lambda m: m.append_token_ids_many(["a", "b"], [1, 2], [0, 2, 1])),
     ("append_many with too few tokens", InvalidArgumentError, lambda m: m.append_token_ids_many(["a", "b"], [1])),
 ]
@@ -584,6 +586,18 @@ def test_errors_change_nothing(Manager: Any, case: str, error: type[BaseExceptio
         call(m)
     assert type(info.value) is error and isinstance(info.value, KVPoolError)
     assert snapshot(m) == before and m.take_events() == []
+    m.check_invariants()
+
+
+def test_free_many_after_a_refused_free_many(Manager: Any) -> None:
+    """A refused call leaves nothing behind that a later call could take for a repeat."""
+    m = started_manager(Manager)
+    with pytest.raises(UnknownRequestError):
+        m.free_many(["a", "b", "zz"])
+    with pytest.raises(InvalidArgumentError):
+        m.free_many(["b", "a", "b"])
+    m.free_many(["a", "b"])
+    assert "a" not in m.request_ids() and "b" not in m.request_ids()
     m.check_invariants()
 
 

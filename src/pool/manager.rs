@@ -114,6 +114,8 @@ pub(super) struct Request {
     /// The retention priority of the blocks the request caches or hits
     /// ([`EvictionPolicy::Priority`](super::EvictionPolicy::Priority) only).
     pub(super) priority: Option<BlockPriority>,
+    /// The last `free_many` call that named the request (see `KVCacheManager::free_calls`).
+    pub(super) mark: u64,
 }
 
 impl Request {
@@ -139,7 +141,17 @@ pub struct KVCacheManager {
     pub(super) requests: HashMap<RequestId, Request>,
     pub(super) max_model_len: usize,
     pub(super) stats: StatsRecorder,
+    /// Block tables of freed requests, emptied, for new requests to fill: a serving
+    /// step then allocates no table (and never regrows one on the first decode block).
+    spare_tables: Vec<Vec<u32>>,
+    /// The number of the last `free_many` call, which marks each request it names
+    /// (`Request::mark`) to find a repeated id in one lookup.
+    free_calls: u64,
 }
+
+/// How many emptied block tables a manager keeps, and the largest kept (in blocks).
+const SPARE_TABLES_MAX: usize = 1024;
+const SPARE_TABLE_BLOCKS_MAX: usize = 4096;
 
 pub(super) fn unknown(id: &(impl RequestLookup + ?Sized)) -> PoolError {
     PoolError::UnknownRequest(id.to_string())
@@ -165,6 +177,8 @@ impl KVCacheManager {
             requests: HashMap::new(),
             max_model_len: config.max_model_len.unwrap_or(usize::MAX),
             stats: StatsRecorder::new(config.stats_window),
+            spare_tables: Vec::new(),
+            free_calls: 0,
         })
     }
 
@@ -210,9 +224,13 @@ impl KVCacheManager {
         extras: SequenceExtras,
         lora: LoraInfo,
     ) -> PoolResult<()> {
-        if self.requests.contains_key(&id) {
-            return Err(PoolError::DuplicateRequest(id.to_string()));
-        }
+        // One lookup: the vacant entry is filled once the prompt is checked and hashed.
+        let entry = match self.requests.entry(id) {
+            hashbrown::hash_map::Entry::Occupied(e) => {
+                return Err(PoolError::DuplicateRequest(e.key().to_string()))
+            }
+            hashbrown::hash_map::Entry::Vacant(e) => e,
+        };
         if prompt.is_empty() {
             return Err(PoolError::InvalidArgument(
                 "a request needs at least one prompt token".into(),
@@ -226,16 +244,16 @@ impl KVCacheManager {
             )));
         }
         let seq = self.hasher.new_sequence(prompt, extras)?;
-        let request = Request {
+        entry.insert(Request {
             seq,
-            blocks: Vec::new(),
+            blocks: self.spare_tables.pop().unwrap_or_default(),
             num_cached_blocks: 0,
             num_computed_tokens: 0,
             lora,
             num_preemptions: 0,
             priority: None,
-        };
-        self.requests.insert(id, request);
+            mark: 0,
+        });
         Ok(())
     }
 
@@ -547,22 +565,37 @@ impl KVCacheManager {
     /// Frees the request's blocks (tail first) and forgets the request.
     pub fn free(&mut self, id: &(impl RequestLookup + ?Sized)) -> PoolResult<()> {
         let request = self.requests.remove(id).ok_or_else(|| unknown(id))?;
-        self.pool.free_blocks_reversed(&request.blocks)
+        let freed = self.pool.free_blocks_reversed(&request.blocks);
+        let mut table = request.blocks;
+        if self.spare_tables.len() < SPARE_TABLES_MAX && table.capacity() <= SPARE_TABLE_BLOCKS_MAX
+        {
+            table.clear();
+            self.spare_tables.push(table);
+        }
+        freed
     }
 
-    /// Frees several requests, in order; all must be known and distinct (checked first).
+    /// Frees several requests, in order; all must be known and distinct (checked first,
+    /// one lookup each: every request named is marked with this call's number).
     pub fn free_many<K: RequestLookup + Eq + std::hash::Hash>(
         &mut self,
         ids: &[K],
     ) -> PoolResult<()> {
-        self.check_known(ids.iter())?;
-        if ids.len() > 1 {
-            let mut seen = hashbrown::HashSet::with_capacity(ids.len());
-            if let Some(dup) = ids.iter().find(|id| !seen.insert(*id)) {
-                return Err(PoolError::InvalidArgument(format!(
-                    "request {dup} appears twice"
-                )));
+        self.free_calls += 1;
+        let call = self.free_calls;
+        let mut repeated = None;
+        for id in ids {
+            // An unknown id is reported before a repeated one, wherever it is.
+            let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
+            if request.mark == call {
+                repeated = repeated.or(Some(id));
             }
+            request.mark = call;
+        }
+        if let Some(id) = repeated {
+            return Err(PoolError::InvalidArgument(format!(
+                "request {id} appears twice"
+            )));
         }
         for id in ids {
             self.free(id)?;
@@ -581,16 +614,6 @@ impl KVCacheManager {
         request.num_preemptions += 1;
         request.seq.reset();
         Ok(())
-    }
-
-    pub(super) fn check_known<'a, K: RequestLookup + 'a>(
-        &self,
-        mut ids: impl Iterator<Item = &'a K>,
-    ) -> PoolResult<()> {
-        match ids.find(|id| !self.requests.contains_key(*id)) {
-            Some(id) => Err(unknown(id)),
-            None => Ok(()),
-        }
     }
 
     /// The tracked request ids, in no particular order.

@@ -121,6 +121,11 @@ pub(super) trait StepManager {
     ) -> PoolResult<Attempt>;
     /// Preempts a known request.
     fn preempt_request(&mut self, id: &RequestId) -> PoolResult<()>;
+    /// An estimate of the new block ids `step` may add (at most the pool's size), to
+    /// reserve their room once instead of growing it by doubling; 0 for no estimate.
+    fn new_blocks_hint(&self, _step: &[StepRequest<'_>]) -> usize {
+        0
+    }
 }
 
 /// Runs one step on `m` under `limits`, appending to `out` (see [`StepOutcome`]).
@@ -145,6 +150,14 @@ pub(super) fn run_step<M: StepManager>(
         }
     }
     let groups = m.num_groups();
+    let n = step.len();
+    out.offsets.reserve(n * groups + 1);
+    out.hit_offsets.reserve(n * groups + 1);
+    out.num_scheduled_tokens.reserve(n);
+    out.num_hit_tokens.reserve(n);
+    out.allocated.reserve(n);
+    out.status.reserve(n);
+    out.block_ids.reserve(m.new_blocks_hint(step));
     out.offsets.push(out.block_ids.len());
     out.hit_offsets.push(out.hit_block_ids.len());
     let mut budget = limits.token_budget.unwrap_or(usize::MAX);
@@ -214,6 +227,19 @@ pub(super) fn run_step<M: StepManager>(
 impl StepManager for KVCacheManager {
     fn num_groups(&self) -> usize {
         1
+    }
+
+    fn new_blocks_hint(&self, step: &[StepRequest<'_>]) -> usize {
+        let block_size = self.block_size();
+        step.iter()
+            .map(|r| {
+                r.num_new_tokens
+                    .saturating_add(r.num_lookahead_tokens)
+                    .div_ceil(block_size)
+                    .saturating_add(1)
+            })
+            .fold(0usize, usize::saturating_add)
+            .min(self.pool.num_blocks() as usize)
     }
 
     fn knows(&self, id: &RequestId) -> bool {
