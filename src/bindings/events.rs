@@ -232,21 +232,9 @@ pub fn take_sent(
     give_back: impl FnOnce(Vec<PoolEvent>),
 ) -> PyResult<usize> {
     let args = WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
-    let sink = sink
-        .cast::<super::zmq_sink::PyZmqSink>()
-        .map_err(|_| {
-            super::errors::error(
-                py,
-                super::errors::ErrorKind::Dtype,
-                format!(
-                    "sink must be a kvpool.ZmqSink, got {}",
-                    super::convert::type_name(sink)
-                ),
-            )
-        })?
-        .get();
+    let sink = kvpool_object::<super::zmq_sink::PyZmqSink>(sink, "sink", "ZmqSink")?;
     let seq = super::convert::int_arg(seq, "seq", 0, i64::MAX)? as u64;
-    let ring = replay_ring_arg(py, replay)?;
+    let ring = replay_ring_arg(replay)?;
     sink.check_open(py)?;
     if let Some(ring) = ring {
         ring.check_next(py, seq)?;
@@ -282,7 +270,7 @@ fn replay_target<'a, 'py>(
         )
     };
     let seq = super::convert::opt_int_arg(seq, "seq", 0, i64::MAX)?;
-    match (replay_ring_arg(py, replay)?, seq) {
+    match (replay_ring_arg(replay)?, seq) {
         (None, None) => Ok(None),
         (None, Some(_)) => Err(invalid(
             "seq is the batch number in replay; give it with replay",
@@ -294,25 +282,30 @@ fn replay_target<'a, 'py>(
 
 /// A ``replay`` argument: ``None`` or a ``kvpool.ReplayRing``.
 fn replay_ring_arg<'a, 'py>(
-    py: Python<'py>,
     replay: Option<&'a Bound<'py, PyAny>>,
 ) -> PyResult<Option<&'a super::replay_ring::PyReplayRing>> {
     let Some(ring) = replay.filter(|r| !r.is_none()) else {
         return Ok(None);
     };
-    let ring = ring
-        .cast::<super::replay_ring::PyReplayRing>()
-        .map_err(|_| {
-            super::errors::error(
-                py,
-                super::errors::ErrorKind::Dtype,
-                format!(
-                    "replay must be a kvpool.ReplayRing, got {}",
-                    super::convert::type_name(ring)
-                ),
-            )
-        })?;
-    Ok(Some(ring.get()))
+    kvpool_object::<super::replay_ring::PyReplayRing>(ring, "replay", "ReplayRing").map(Some)
+}
+
+/// The kvpool object `obj` (argument `what`) as its class `T` (``kvpool.<class>``);
+/// anything else is a ``DtypeError``.
+fn kvpool_object<'a, T>(obj: &'a Bound<'_, PyAny>, what: &str, class: &str) -> PyResult<&'a T>
+where
+    T: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync,
+{
+    obj.cast::<T>().map(|b| b.get()).map_err(|_| {
+        super::errors::error(
+            obj.py(),
+            super::errors::ErrorKind::Dtype,
+            format!(
+                "{what} must be a kvpool.{class}, got {}",
+                super::convert::type_name(obj)
+            ),
+        )
+    })
 }
 
 /// The bytes `write` appends to an empty buffer (run with the GIL released), through
