@@ -30,7 +30,7 @@ arrives whole.
    how many batches and events arrived, in order, how many gaps replay filled, and the time.
 
 ``python benches/events_publish.py [--rounds 101] [--steps 10] [--events 1000000] [--no-subscriber]
-[--fresh-publisher] [--buffer-steps 10000] [--buffer-bytes 268435456]``
+[--fresh-publisher [--prefault]] [--buffer-steps 10000] [--buffer-bytes 268435456]``
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def fill_replay_buffer(publisher: ZmqPublisher, payload: bytes, buffer_steps: in
 
 
 def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh: bool = False,
-             buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
+             buffer_bytes: int = DEFAULT_BUFFER_BYTES, prefault: bool = False) -> None:
     rng = np.random.default_rng(0)
     publisher = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps,
                              buffer_bytes=buffer_bytes, group_specs={0: ("full_attention", None)})
@@ -96,7 +96,8 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
         # ``fresh``: a publisher of its own per run, so that no run inherits the buffer's
         # payloads (and their memory) from the runs before it.
         pub = ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=buffer_steps,
-                           buffer_bytes=buffer_bytes, group_specs={0: ("full_attention", None)}) if fresh else publisher
+                           buffer_bytes=buffer_bytes, group_specs={0: ("full_attention", None)},
+                           prefault_buffer=prefault) if fresh else publisher
         # The payload lent to ZeroMQ from Rust (the default), or copied by pyzmq's send.
         pub.lends_payloads = name != "from the manager, pyzmq copy"
         t0 = time.perf_counter()
@@ -139,7 +140,8 @@ def overhead(rounds: int, steps: int, subscriber: bool, buffer_steps: int, fresh
     med = {k: statistics.median(v) for k, v in times.items()}
     where = ("a subscriber in this process over loopback" if subscriber else "no subscriber") + (
         f", replay buffer of {buffer_steps:,} batches / {buffer_bytes / 2**20:,.0f} MiB") + (
-        ", a fresh publisher per run (the buffer filling)" if fresh
+        (", a fresh publisher per run, its buffer written at start (prefault_buffer=True)" if prefault
+         else ", a fresh publisher per run (the buffer filling)") if fresh
         else f", the buffer full ({filled:,} batches published before the runs)")
     print(f"schedule_step, serving workload, caching and events on ({blocks:,} blocks stored a step), {where}")
     base = times["events dropped"]
@@ -243,10 +245,13 @@ def main() -> int:
     ap.add_argument("--fresh-publisher", action="store_true",
                     help="a new publisher for every run (no subscriber): the buffer filling, where every "
                     "payload is fresh memory; by default the runs share one publisher whose buffer is full")
+    ap.add_argument("--prefault", action="store_true",
+                    help="with --fresh-publisher: each publisher writes its buffer once when built "
+                    "(prefault_buffer=True), outside the clock, so that its first lap faults no page in")
     args = ap.parse_args()
     if args.only in (None, "overhead"):
         overhead(args.rounds, args.steps, not (args.no_subscriber or args.fresh_publisher), args.buffer_steps,
-                 args.fresh_publisher, args.buffer_bytes)
+                 args.fresh_publisher, args.buffer_bytes, args.prefault)
     if args.only in (None, "events-on"):
         events_on(args.rounds, args.steps)
     if args.only in (None, "stream"):

@@ -210,3 +210,18 @@ def test_threads_encode_a_shared_managers_events_into_one_ring() -> None:
                  if isinstance(e, wire.BlockStored))
     assert blocks == 400 * 8  # 400 requests of 32 fresh tokens in 4-token blocks
     ring.close()
+
+
+def test_a_prefaulted_ring_keeps_and_replays_the_same() -> None:
+    """``prefault=True`` writes the ring's room when it is built; what it holds and
+    replays is the same as without."""
+    rings = [kvpool.ReplayRing(4, 1 << 16, prefault=p) for p in (False, True)]
+    for seq in range(10):
+        payload = bytes([seq]) * (5_000 + 700 * seq)
+        for ring in rings:
+            ring.append(seq, payload)
+    plain, prefaulted = rings
+    assert prefaulted.batches_from(0) == plain.batches_from(0) and len(prefaulted) == 4
+    assert prefaulted.num_bytes == plain.num_bytes and prefaulted.last_seq == 9
+    with pytest.raises(kvpool.DtypeError):
+        kvpool.ReplayRing(4, 1 << 16, prefault="yes")  # type: ignore[arg-type]

@@ -523,11 +523,15 @@ class ReplayRing:
     than ``max_batches`` are held or a new one needs their bytes; a payload larger than
     the ring is held alone.
 
+    The ring's room is reserved, not written, so that memory is used only as batches
+    fill it; ``prefault=True`` writes it all once here instead, so that no append faults
+    a page in (the first lap otherwise does, on the appending thread).
+
     The ring's lock is held for a few pointer moves or one batch's copy, and every call
     takes it with the GIL released.
     """
 
-    def __new__(cls, max_batches: int, max_bytes: int) -> ReplayRing: ...
+    def __new__(cls, max_batches: int, max_bytes: int, *, prefault: bool | None = None) -> ReplayRing: ...
     def append(self, seq: int, payload: bytes) -> None:
         """Holds ``payload`` (``bytes``) as batch ``seq``. Numbers must increase from call
         to call (``InvalidArgumentError`` otherwise, holding nothing); raises

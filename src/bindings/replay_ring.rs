@@ -16,6 +16,10 @@ use crate::pool::{AppendError, ReplayRing};
 /// than ``max_batches`` are held or a new one needs their bytes; a payload larger than
 /// the ring is held alone.
 ///
+/// The ring's room is reserved, not written, so that memory is used only as batches
+/// fill it; ``prefault=True`` writes it all once here instead, so that no append faults
+/// a page in (the first lap otherwise does, on the appending thread).
+///
 /// The ring's lock is held for a few pointer moves or one batch's copy, and every call
 /// takes it with the GIL released.
 #[pyclass(frozen, module = "kvpool", name = "ReplayRing")]
@@ -69,10 +73,16 @@ fn append_error(py: Python<'_>, e: AppendError, seq: u64) -> PyErr {
 #[pymethods]
 impl PyReplayRing {
     #[new]
-    fn new(max_batches: &Bound<'_, PyAny>, max_bytes: &Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (max_batches, max_bytes, *, prefault=None))]
+    fn new(
+        max_batches: &Bound<'_, PyAny>,
+        max_bytes: &Bound<'_, PyAny>,
+        prefault: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let py = max_batches.py();
         let batches = int_arg(max_batches, "max_batches", 1, i64::MAX)? as usize;
         let bytes = int_arg(max_bytes, "max_bytes", 0, isize::MAX as i64)? as usize;
+        let prefault = super::convert::opt_bool_arg(prefault, "prefault", false)?;
         let ring = ReplayRing::new(batches, bytes).map_err(|e| {
             error(
                 py,
@@ -80,6 +90,9 @@ impl PyReplayRing {
                 format!("cannot start the replay ring: {e}"),
             )
         })?;
+        if prefault {
+            py.detach(|| ring.prefault());
+        }
         Ok(Self { ring })
     }
 
