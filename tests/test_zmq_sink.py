@@ -218,3 +218,26 @@ def test_threads_publishing_from_their_own_managers_share_one_publisher() -> Non
         held = dict(pub._buffer.batches_from(0))  # the replay buffer (all of it fits)
         assert held == dict(got)
         sub.close(linger=0)
+
+
+def test_lent_bytes_outlive_the_callers_reference(pub_sub: tuple[Any, Any]) -> None:
+    """``ZmqSink.send`` lends a ``bytes`` payload to ZeroMQ: the caller drops its reference at
+    once, more payloads follow faster than the subscriber reads, and each must still arrive
+    whole (the sink keeps it alive until ZeroMQ is done, then lets it go)."""
+    pub, sub = pub_sub
+    sink = kvpool.ZmqSink(pub, b"t")
+    n = 400
+    for seq in range(n):
+        sink.send(seq, bytes([seq % 251]) * (50_000 + seq))  # the only reference is the sink's
+    for seq in range(n):
+        assert sub.poll(5000)
+        topic, seq_frame, payload = sub.recv_multipart()
+        assert (topic, int.from_bytes(seq_frame, "big")) == (b"t", seq)
+        assert payload == bytes([seq % 251]) * (50_000 + seq)
+    with pytest.raises(kvpool.DtypeError):
+        sink.send(n, bytearray(b"x"))  # type: ignore[arg-type]
+    with pytest.raises(kvpool.InvalidArgumentError):
+        sink.send(-1, b"x")
+    pub.close(linger=0)
+    with pytest.raises(kvpool.TransportError):
+        sink.send(n, b"x")

@@ -570,6 +570,12 @@ class ZmqSink:
     """
 
     def __new__(cls, socket: Any, topic: bytes | None = None) -> ZmqSink: ...
+    def send(self, seq: int, payload: bytes) -> None:
+        """Sends ``payload`` (``bytes``) as batch ``seq``: the topic, the sequence number as 8
+        bytes big-endian and the payload, which is lent to ZeroMQ rather than copied (kept
+        alive until ZeroMQ is done with it, and let go by a later send). Raises
+        ``TransportError`` if the socket is closed or the send fails.
+        """
     @property
     def topic(self) -> bytes:
         """The topic frame every batch is sent with."""

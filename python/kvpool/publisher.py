@@ -77,7 +77,8 @@ class ZmqPublisher:
     ``group_specs`` maps a group index to its ``(kv_cache_spec_kind,
     kv_cache_spec_sliding_window)`` for event objects and for ``publish_from``.
 
-    ``publish`` never waits on the network: a PUB socket hands the frames to ZeroMQ's own I/O
+    ``publish`` never waits on the network (its payload is lent to ZeroMQ as well, kept
+    alive until ZeroMQ is done with it): a PUB socket hands the frames to ZeroMQ's own I/O
     thread and drops them for a subscriber ``hwm`` messages behind, which then asks the replay
     socket for them. A background thread serves replay requests; the replay buffer
     (:class:`kvpool.ReplayRing`) keeps each payload in one preallocated ring, written with
@@ -199,7 +200,10 @@ class ZmqPublisher:
         """Sends batch ``seq`` (already held for replay) on the PUB socket; under the lock."""
         self._seq = seq + 1
         if seq not in self.lose_on_the_wire:
-            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            if self._sink is not None:
+                self._sink.send(seq, payload)  # lent to ZeroMQ, not copied
+            else:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
         self._sent += 1
 
     @property

@@ -23,8 +23,10 @@
 
 #![allow(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -220,12 +222,44 @@ fn recycle(buf: Vec<u8>) {
     }
 }
 
+/// A payload lent to ZeroMQ, as the free callback's hint: what to do once ZeroMQ is done.
+enum Lent {
+    /// A Rust buffer: back to the spare buffers.
+    Buffer(Vec<u8>),
+    /// A Python ``bytes`` held in [`LENT_BYTES`]: marked returned, and let go by a later
+    /// send (which holds the GIL; ZeroMQ's thread does not).
+    Bytes(Arc<AtomicBool>),
+}
+
+/// Python payloads lent to ZeroMQ, oldest first, each with the mark ZeroMQ's free
+/// callback sets. A process-wide list, not the sink's: a payload must outlive the sink
+/// that sent it while ZeroMQ still holds it.
+static LENT_BYTES: Mutex<VecDeque<(Py<PyBytes>, Arc<AtomicBool>)>> = Mutex::new(VecDeque::new());
+
+/// Lets go of the lent Python payloads ZeroMQ has returned, from the oldest up to the
+/// first it still holds (they are returned nearly in order), after the list's lock is
+/// released. Needs the GIL (the payloads are dropped here).
+fn release_returned(_py: Python<'_>) {
+    let returned: Vec<Py<PyBytes>> = {
+        let mut lent = LENT_BYTES.lock().unwrap_or_else(|p| p.into_inner());
+        let n = lent
+            .iter()
+            .take_while(|(_, done)| done.load(Ordering::Acquire))
+            .count();
+        lent.drain(..n).map(|(payload, _)| payload).collect()
+    };
+    drop(returned);
+}
+
 /// What ZeroMQ calls once it is done with a lent payload (any thread; no Python).
 unsafe extern "C" fn give_back(_data: *mut c_void, hint: *mut c_void) {
-    // SAFETY: `hint` is the `Box<Vec<u8>>` leaked in `send_batch` for this message,
-    // and ZeroMQ calls this exactly once per message.
-    let buf = unsafe { Box::from_raw(hint.cast::<Vec<u8>>()) };
-    recycle(*buf);
+    // SAFETY: `hint` is the `Box<Lent>` leaked in `lend` for this message, and ZeroMQ
+    // calls this exactly once per message.
+    let lent = unsafe { Box::from_raw(hint.cast::<Lent>()) };
+    match *lent {
+        Lent::Buffer(buf) => recycle(buf),
+        Lent::Bytes(done) => done.store(true, Ordering::Release),
+    }
 }
 
 /// A pyzmq ``PUB`` (or ``XPUB``) socket that event batches are sent on from Rust, each
@@ -314,6 +348,40 @@ impl PyZmqSink {
         })
     }
 
+    /// Sends ``payload`` (``bytes``) as batch ``seq``: the topic, the sequence number as 8
+    /// bytes big-endian and the payload, which is lent to ZeroMQ rather than copied (kept
+    /// alive until ZeroMQ is done with it, and let go by a later send). Raises
+    /// ``TransportError`` if the socket is closed or the send fails.
+    fn send(
+        &self,
+        py: Python<'_>,
+        seq: &Bound<'_, PyAny>,
+        payload: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let seq = super::convert::int_arg(seq, "seq", 0, i64::MAX)? as u64;
+        let bytes = payload.cast::<PyBytes>().map_err(|_| {
+            error(
+                py,
+                ErrorKind::Dtype,
+                format!(
+                    "payload must be bytes, got {}",
+                    super::convert::type_name(payload)
+                ),
+            )
+        })?;
+        release_returned(py);
+        let data = bytes.as_bytes();
+        let done = Arc::new(AtomicBool::new(false));
+        self.send_lent(
+            py,
+            seq,
+            data.as_ptr(),
+            data.len(),
+            Lent::Bytes(Arc::clone(&done)),
+            Some((bytes.clone().unbind(), done)),
+        )
+    }
+
     /// The topic frame every batch is sent with.
     #[getter]
     fn topic<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
@@ -342,8 +410,31 @@ impl PyZmqSink {
     /// done with it, or here if the send fails). The GIL is held throughout, so the
     /// socket, open when checked here, stays open. ``TransportError`` on failure.
     pub(crate) fn send_batch(&self, py: Python<'_>, seq: u64, payload: Vec<u8>) -> PyResult<()> {
+        let len = payload.len();
+        let data = payload.as_ptr();
+        // The vector's buffer stays where it is until `give_back` drops the box.
+        self.send_lent(py, seq, data, len, Lent::Buffer(payload), None)
+    }
+
+    /// Sends the frames of batch `seq`, the payload `data..data + len` lent as `lent`
+    /// (with `keep`, the Python object that owns it and the mark `lent` sets, held in
+    /// [`LENT_BYTES`] until ZeroMQ is done).
+    fn send_lent(
+        &self,
+        py: Python<'_>,
+        seq: u64,
+        data: *const u8,
+        len: usize,
+        lent: Lent,
+        keep: Option<(Py<PyBytes>, Arc<AtomicBool>)>,
+    ) -> PyResult<()> {
+        let give_up = |lent: Lent| {
+            if let Lent::Buffer(buf) = lent {
+                recycle(buf);
+            }
+        };
         if let Err(e) = self.check_open(py) {
-            recycle(payload);
+            give_up(lent);
             return Err(e);
         }
         let socket = self.address as *mut c_void;
@@ -359,22 +450,34 @@ impl PyZmqSink {
             // SAFETY: `socket` is open (checked above, the GIL held since); `zmq_send`
             // copies `frame` before returning.
             if unsafe { (self.lib.send)(socket, frame.as_ptr().cast(), frame.len(), SNDMORE) } < 0 {
-                recycle(payload);
+                give_up(lent);
                 return Err(failed());
             }
         }
-        let len = payload.len();
-        let data = payload.as_ptr().cast_mut().cast::<c_void>();
-        let hint = Box::into_raw(Box::new(payload));
+        let hint = Box::into_raw(Box::new(lent));
         let mut msg = ZmqMsg([0; 64]);
-        // SAFETY: `data..data + len` is the boxed vector's buffer, which stays where it
-        // is until `give_back` drops the box: ZeroMQ owns both from here.
-        if unsafe { (self.lib.msg_init_data)(&mut msg, data, len, Some(give_back), hint.cast()) }
-            != 0
-        {
+        // SAFETY: `data..data + len` stays valid and unchanged until `give_back` runs:
+        // it is a vector's buffer owned by the box, or an immutable `bytes` that
+        // `LENT_BYTES` keeps alive until `give_back` has marked it.
+        let made = unsafe {
+            (self.lib.msg_init_data)(
+                &mut msg,
+                data.cast_mut().cast(),
+                len,
+                Some(give_back),
+                hint.cast(),
+            )
+        };
+        if made != 0 {
             // SAFETY: the message was not made, so ZeroMQ never took the box.
-            recycle(*unsafe { Box::from_raw(hint) });
+            give_up(*unsafe { Box::from_raw(hint) });
             return Err(failed());
+        }
+        if let Some(kept) = keep {
+            LENT_BYTES
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(kept);
         }
         // SAFETY: `msg` is initialised; on success ZeroMQ owns it (and will call
         // `give_back`), on failure it is still ours and closing it calls `give_back`.
