@@ -8,7 +8,9 @@
 //! `zmq_msg_init_data` takes it as it is, and the function ZeroMQ calls when it is done
 //! with it (on its I/O thread, or inside the send when no subscriber wants it) puts the
 //! buffer back on a short free list, with no Python involved. The next batch is encoded
-//! into it.
+//! into it. A payload that already is a Python `bytes` (`ZmqSink.send`) is lent as it is:
+//! it is kept alive in a process-wide list, the callback only marks it returned, and a
+//! later send, holding the GIL, lets go of the returned ones.
 //!
 //! The libzmq used is the one pyzmq loaded (its wheel bundles one): it is found among the
 //! process's loaded objects (`dl_iterate_phdr`), opened with `RTLD_NOLOAD` (never loaded
