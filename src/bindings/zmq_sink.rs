@@ -255,7 +255,7 @@ fn release_returned(_py: Python<'_>) {
 
 /// What ZeroMQ calls once it is done with a lent payload (any thread; no Python).
 unsafe extern "C" fn give_back(_data: *mut c_void, hint: *mut c_void) {
-    // SAFETY: `hint` is the `Box<Lent>` leaked in `lend` for this message, and ZeroMQ
+    // SAFETY: `hint` is the `Box<Lent>` leaked in `send_lent` for this message, and ZeroMQ
     // calls this exactly once per message.
     let lent = unsafe { Box::from_raw(hint.cast::<Lent>()) };
     match *lent {
@@ -452,8 +452,9 @@ impl PyZmqSink {
             // SAFETY: `socket` is open (checked above, the GIL held since); `zmq_send`
             // copies `frame` before returning.
             if unsafe { (self.lib.send)(socket, frame.as_ptr().cast(), frame.len(), SNDMORE) } < 0 {
+                let err = failed(); // before anything else can touch errno
                 give_up(lent);
-                return Err(failed());
+                return Err(err);
             }
         }
         let hint = Box::into_raw(Box::new(lent));
@@ -471,9 +472,10 @@ impl PyZmqSink {
             )
         };
         if made != 0 {
+            let err = failed();
             // SAFETY: the message was not made, so ZeroMQ never took the box.
             give_up(*unsafe { Box::from_raw(hint) });
-            return Err(failed());
+            return Err(err);
         }
         if let Some(kept) = keep {
             LENT_BYTES
