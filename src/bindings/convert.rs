@@ -577,6 +577,20 @@ pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     Ok(values.len())
 }
 
+/// A `bytes` argument (`what` names it); anything else is a `DtypeError`.
+pub fn bytes_arg<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<&'a Bound<'py, PyBytes>> {
+    obj.cast::<PyBytes>().map_err(|_| {
+        error(
+            obj.py(),
+            ErrorKind::Dtype,
+            format!("{what} must be bytes, got {}", type_name(obj)),
+        )
+    })
+}
+
 /// An optional `str` argument; anything but `str` or `None` is a `DtypeError`.
 pub fn opt_str_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
     obj.filter(|o| !o.is_none())

@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
-use super::convert::{int_arg, type_name};
+use super::convert::{bytes_arg, int_arg};
 use super::errors::{error, ErrorKind};
 use crate::pool::{AppendError, ReplayRing};
 
@@ -43,9 +43,7 @@ impl PyReplayRing {
         write: impl FnOnce(&mut Vec<u8>) + Send,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let bytes = super::events::encode_with(py, write);
-        let data = bytes.as_bytes();
-        py.detach(|| self.ring.append(seq, data))
-            .map_err(|e| append_error(py, e, seq))?;
+        self.hold(py, seq, bytes.as_bytes())?;
         Ok(bytes)
     }
 
@@ -106,18 +104,9 @@ impl PyReplayRing {
         payload: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let seq = int_arg(seq, "seq", 0, i64::MAX)? as u64;
-        let bytes = payload.cast::<PyBytes>().map_err(|_| {
-            error(
-                py,
-                ErrorKind::Dtype,
-                format!("payload must be bytes, got {}", type_name(payload)),
-            )
-        })?;
         // Copied with the GIL released (the ring's lock may be held by a thread that
-        // released it too); `bytes` keeps the immutable object alive meanwhile.
-        let data = bytes.as_bytes();
-        py.detach(|| self.ring.append(seq, data))
-            .map_err(|e| append_error(py, e, seq))
+        // released it too); `payload` keeps the immutable object alive meanwhile.
+        self.hold(py, seq, bytes_arg(payload, "payload")?.as_bytes())
     }
 
     /// The held batches numbered ``first`` or later, oldest first, as ``(seq, bytes)``.

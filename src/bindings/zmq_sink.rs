@@ -233,8 +233,8 @@ enum Lent {
     Bytes(Arc<AtomicBool>),
 }
 
-/// Python payloads lent to ZeroMQ, oldest first, each with the mark ZeroMQ's free
-/// callback sets. A process-wide list, not the sink's: a payload must outlive the sink
+/// Python payloads lent to ZeroMQ, oldest first, each with the mark set once it is
+/// returned (by ZeroMQ's free callback, or by a send that failed first). A process-wide list, not the sink's: a payload must outlive the sink
 /// that sent it while ZeroMQ still holds it.
 static LENT_BYTES: Mutex<VecDeque<(Py<PyBytes>, Arc<AtomicBool>)>> = Mutex::new(VecDeque::new());
 
@@ -253,15 +253,21 @@ fn release_returned(_py: Python<'_>) {
     drop(returned);
 }
 
+impl Lent {
+    /// Done with: by ZeroMQ, or by a send that failed before ZeroMQ took it.
+    fn returned(self) {
+        match self {
+            Lent::Buffer(buf) => recycle(buf),
+            Lent::Bytes(done) => done.store(true, Ordering::Release),
+        }
+    }
+}
+
 /// What ZeroMQ calls once it is done with a lent payload (any thread; no Python).
 unsafe extern "C" fn give_back(_data: *mut c_void, hint: *mut c_void) {
     // SAFETY: `hint` is the `Box<Lent>` leaked in `send_lent` for this message, and ZeroMQ
     // calls this exactly once per message.
-    let lent = unsafe { Box::from_raw(hint.cast::<Lent>()) };
-    match *lent {
-        Lent::Buffer(buf) => recycle(buf),
-        Lent::Bytes(done) => done.store(true, Ordering::Release),
-    }
+    unsafe { Box::from_raw(hint.cast::<Lent>()) }.returned();
 }
 
 /// A pyzmq ``PUB`` (or ``XPUB``) socket that event batches are sent on from Rust, each
@@ -307,17 +313,7 @@ impl PyZmqSink {
         }
         let topic = match topic.filter(|t| !t.is_none()) {
             None => Vec::new(),
-            Some(t) => t
-                .cast::<PyBytes>()
-                .map_err(|_| {
-                    error(
-                        py,
-                        ErrorKind::Dtype,
-                        format!("topic must be bytes, got {}", super::convert::type_name(t)),
-                    )
-                })?
-                .as_bytes()
-                .to_vec(),
+            Some(t) => super::convert::bytes_arg(t, "topic")?.as_bytes().to_vec(),
         };
         let wanted: (i32, i32, i32) = zmq.call_method0("zmq_version_info")?.extract()?;
         let lib = libzmq(wanted).map_err(|e| error(py, ErrorKind::Transport, e))?;
@@ -361,27 +357,16 @@ impl PyZmqSink {
         payload: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let seq = super::convert::int_arg(seq, "seq", 0, i64::MAX)? as u64;
-        let bytes = payload.cast::<PyBytes>().map_err(|_| {
-            error(
-                py,
-                ErrorKind::Dtype,
-                format!(
-                    "payload must be bytes, got {}",
-                    super::convert::type_name(payload)
-                ),
-            )
-        })?;
+        let bytes = super::convert::bytes_arg(payload, "payload")?;
         release_returned(py);
         let data = bytes.as_bytes();
         let done = Arc::new(AtomicBool::new(false));
-        self.send_lent(
-            py,
-            seq,
-            data.as_ptr(),
-            data.len(),
-            Lent::Bytes(Arc::clone(&done)),
-            Some((bytes.clone().unbind(), done)),
-        )
+        // Held before ZeroMQ can see it; a send that fails marks it returned.
+        LENT_BYTES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back((bytes.clone().unbind(), Arc::clone(&done)));
+        self.send_lent(py, seq, data.as_ptr(), data.len(), Lent::Bytes(done))
     }
 
     /// The topic frame every batch is sent with.
@@ -415,12 +400,11 @@ impl PyZmqSink {
         let len = payload.len();
         let data = payload.as_ptr();
         // The vector's buffer stays where it is until `give_back` drops the box.
-        self.send_lent(py, seq, data, len, Lent::Buffer(payload), None)
+        self.send_lent(py, seq, data, len, Lent::Buffer(payload))
     }
 
-    /// Sends the frames of batch `seq`, the payload `data..data + len` lent as `lent`
-    /// (with `keep`, the Python object that owns it and the mark `lent` sets, held in
-    /// [`LENT_BYTES`] until ZeroMQ is done).
+    /// Sends the frames of batch `seq`, the payload `data..data + len` lent as `lent`,
+    /// which is returned once ZeroMQ is done with it, or here if the send fails first.
     fn send_lent(
         &self,
         py: Python<'_>,
@@ -428,15 +412,9 @@ impl PyZmqSink {
         data: *const u8,
         len: usize,
         lent: Lent,
-        keep: Option<(Py<PyBytes>, Arc<AtomicBool>)>,
     ) -> PyResult<()> {
-        let give_up = |lent: Lent| {
-            if let Lent::Buffer(buf) = lent {
-                recycle(buf);
-            }
-        };
         if let Err(e) = self.check_open(py) {
-            give_up(lent);
+            lent.returned();
             return Err(e);
         }
         let socket = self.address as *mut c_void;
@@ -453,7 +431,7 @@ impl PyZmqSink {
             // copies `frame` before returning.
             if unsafe { (self.lib.send)(socket, frame.as_ptr().cast(), frame.len(), SNDMORE) } < 0 {
                 let err = failed(); // before anything else can touch errno
-                give_up(lent);
+                lent.returned();
                 return Err(err);
             }
         }
@@ -461,7 +439,7 @@ impl PyZmqSink {
         let mut msg = ZmqMsg([0; 64]);
         // SAFETY: `data..data + len` stays valid and unchanged until `give_back` runs:
         // it is a vector's buffer owned by the box, or an immutable `bytes` that
-        // `LENT_BYTES` keeps alive until `give_back` has marked it.
+        // `LENT_BYTES` holds until it is marked returned.
         let made = unsafe {
             (self.lib.msg_init_data)(
                 &mut msg,
@@ -474,14 +452,8 @@ impl PyZmqSink {
         if made != 0 {
             let err = failed();
             // SAFETY: the message was not made, so ZeroMQ never took the box.
-            give_up(*unsafe { Box::from_raw(hint) });
+            unsafe { Box::from_raw(hint) }.returned();
             return Err(err);
-        }
-        if let Some(kept) = keep {
-            LENT_BYTES
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_back(kept);
         }
         // SAFETY: `msg` is initialised; on success ZeroMQ owns it (and will call
         // `give_back`), on failure it is still ours and closing it calls `give_back`.
