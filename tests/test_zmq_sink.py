@@ -175,8 +175,10 @@ def test_the_publisher_lends_payloads_unless_told_not_to(lend: bool) -> None:
             assert sub.recv_multipart() == [b"t", seq.to_bytes(8, "big"), expected]
         assert pub.stats().sent == 2 and pub.stats().buffered == 2
         sub.close(linger=0)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(kvpool.TransportError):  # a RuntimeError too, as before
         pub.lends_payloads = True
+    with pytest.raises(kvpool.TransportError):
+        pub.publish_from(with_events("manager"))
 
 
 def test_threads_publishing_from_their_own_managers_share_one_publisher() -> None:

@@ -153,7 +153,7 @@ class ZmqPublisher:
         """Send one batch (never waits on the network); an empty batch is not sent. Returns
         True. ``ts`` (default now) labels event objects; a payload carries its own."""
         if not self._running:
-            raise RuntimeError("the publisher is closed")
+            raise kvpool.TransportError("the publisher is closed")
         if isinstance(events, bytes):
             if _no_events(events):
                 return True
@@ -177,7 +177,7 @@ class ZmqPublisher:
         batch is not sent. The batch is encoded in Rust and held for replay in the same
         call. ``ts`` defaults to now. Returns True."""
         if not self._running:
-            raise RuntimeError("the publisher is closed")
+            raise kvpool.TransportError("the publisher is closed")
         with self._lock:
             seq = self._seq
             if self._sink is not None and seq not in self.lose_on_the_wire:
@@ -218,7 +218,7 @@ class ZmqPublisher:
     def lends_payloads(self, lend: bool) -> None:
         with self._lock:
             if not self._running:
-                raise RuntimeError("the publisher is closed")
+                raise kvpool.TransportError("the publisher is closed")
             self._sink = _sink_for(self._pub, self._topic) if lend else None
 
     def stats(self) -> PublisherStats:
