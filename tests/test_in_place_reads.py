@@ -12,9 +12,10 @@ block by block while it hashes), ``BlockHasher.hash_block`` and ``KVCacheManager
 (which convert the whole list first).
 
 Block-id arrays (``src/bindings/array_reader.rs``): plain 1-D numpy arrays of 4- or 8-byte
-integers are copied once from their memory, at any stride (``ids[::-1]`` among them). Every
-dtype, stride and range must give what the general conversion gives, and every other array
-the same error as before.
+integers are copied once from their memory, at any stride (``ids[::-1]`` among them), and
+``free_blocks`` frees a contiguous 4-byte array or its reversed view straight from its
+memory, with no copy. Every dtype, stride and range must give what the general conversion
+gives, and every other array the same error as before.
 """
 
 from __future__ import annotations
@@ -204,6 +205,11 @@ VIEWS = {
     "every third reversed": lambda a: a[::-3],
     "int64 copy reversed": lambda a: a.astype(np.int64)[::-1],
     "uint32": lambda a: a.astype(np.uint32),
+    "uint32 reversed": lambda a: a.astype(np.uint32)[::-1],
+    "reversed twice": lambda a: a[::-1][::-1],
+    "part of a reversed view": lambda a: a[::-1][3:15],
+    "one element reversed": lambda a: a[4:5][::-1],
+    "empty reversed": lambda a: a[:0][::-1],
     "uint64 reversed": lambda a: a.astype(np.uint64)[::-1],
     "int16": lambda a: a.astype(np.int16),
     "a column of a 2-D array": lambda a: np.stack([a, a], axis=1)[:, 0],
@@ -224,6 +230,10 @@ def test_id_arrays_free_as_lists_do(view: Any, reverse: bool) -> None:
 
 BAD_ID_ARRAYS = {
     "negative int32": (np.array([3, -1], dtype=np.int32), "InvalidBlockIdError", "-1"),
+    "negative int32 reversed": (np.array([-7, 3], dtype=np.int32)[::-1], "InvalidBlockIdError", "-7"),
+    "past the pool, reversed": (np.array([64, 3], dtype=np.int32)[::-1], "InvalidBlockIdError", "64"),
+    "freed twice in one call": (np.array([3, 5, 3], dtype=np.int32), "DoubleFreeError", "3"),
+    "already free, reversed": (np.array([40, 3], dtype=np.int32)[::-1], "DoubleFreeError", "40"),
     "negative int64 reversed": (np.array([-5, 3], dtype=np.int64)[::-1], "InvalidBlockIdError", "-5"),
     "past the pool": (np.array([3, 64], dtype=np.int32), "InvalidBlockIdError", "64"),
     "past the pool, uint32": (np.array([2**32 - 1], dtype=np.uint32), "InvalidBlockIdError", str(2**32 - 1)),

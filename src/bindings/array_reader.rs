@@ -6,6 +6,8 @@
 //! strided view into an owned array first, which then has to be copied again. This
 //! module copies the elements once, from the array's data pointer by its stride, after
 //! checking through rust-numpy's safe accessors that the array is what it must be.
+//! [`borrow_ids`] skips even that copy for the common case, a contiguous 4-byte array
+//! or its reversed view, and lends the array's memory as a slice.
 //!
 //! One of the crate's three modules with `unsafe` code (with `int_reader.rs` and
 //! `pool/stream_copy.rs`). The
@@ -16,7 +18,8 @@
 //! - numpy guarantees `data + i * stride` is a valid, aligned element for
 //!   `i < shape[0]` while the array is alive, which the caller's reference ensures;
 //! - the GIL is held (the `Bound`) and no Python code runs while the elements are
-//!   copied, so the array cannot be resized or freed meanwhile. A thread writing the
+//!   copied, or while a borrowed slice is in use (the GIL is not given up until
+//!   it is dropped), so the array cannot be resized or freed meanwhile. A thread writing the
 //!   array without the GIL could race the copy, exactly as with rust-numpy's
 //!   `to_vec`, which the bindings used before.
 
@@ -34,6 +37,63 @@ pub enum Ids {
     /// Not an array this reader takes (the caller converts it the general way);
     /// nothing was appended.
     NotPlain,
+}
+
+/// A plain 1-D array of 4-byte integers laid out back to back, forwards or backwards
+/// (`ids[::-1]` of a contiguous array), lent as its memory in address order, with
+/// `reversed` set when the array's logical order is the other way. `None` for any
+/// other array (the caller copies it with [`append_ids`]). Values are not checked:
+/// negative `int32` ids read as 2^31 and above.
+pub struct BorrowedIds<'a> {
+    /// The elements in memory order.
+    pub ids: &'a [u32],
+    /// True when element 0 of the array is the last of `ids`.
+    pub reversed: bool,
+}
+
+/// Lends `array`'s elements in place when it is a plain, native, aligned 1-D array
+/// of `int32` or `uint32` with stride 4 or -4 (see [`BorrowedIds`]).
+///
+/// The slice lives as long as the borrow of `array`; the caller must not run Python
+/// code or give up the GIL while using it (see the module notes).
+pub fn borrow_ids<'a>(array: &'a Bound<'_, PyUntypedArray>) -> Option<BorrowedIds<'a>> {
+    if array.ndim() != 1 || !array.is_aligned() {
+        return None;
+    }
+    let dtype = array.dtype();
+    let kind = dtype.kind();
+    if !(kind == b'i' || kind == b'u')
+        || dtype.itemsize() != 4
+        || dtype.is_native_byteorder() == Some(false)
+    {
+        return None;
+    }
+    let (len, stride) = (array.shape()[0], array.strides()[0]);
+    let reversed = match stride {
+        _ if len <= 1 => false,
+        4 => false,
+        -4 => true,
+        _ => return None,
+    };
+    if len == 0 {
+        return Some(BorrowedIds { ids: &[], reversed });
+    }
+    // SAFETY: the array is 1-D and aligned with a native 4-byte integer dtype (checked
+    // above), so `data` is its first element and `data + i * stride` is element `i`
+    // for `i < len`; with a stride of -4 the lowest address is element `len - 1`.
+    // Those `len` elements are back to back and stay valid and unchanged while the
+    // caller holds the GIL without running Python code, which the borrow of `array`
+    // and the function's contract ensure.
+    let ids = unsafe {
+        let data = (*numpy::npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr())).data;
+        let lowest = if reversed {
+            data.offset(-4 * (len as isize - 1))
+        } else {
+            data
+        };
+        std::slice::from_raw_parts(lowest as *const u32, len)
+    };
+    Some(BorrowedIds { ids, reversed })
 }
 
 /// Appends the elements of `array` to `out` as block ids, in logical order (a

@@ -11,14 +11,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::convert::{
-    extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg, opt_bool_arg,
-    opt_int_arg, opt_str_arg, type_name, with_scratch,
+    borrow_block_ids, extract_block_ids, extract_hashes, extract_i64s, ids_to_numpy, int_arg,
+    opt_bool_arg, opt_int_arg, opt_str_arg, type_name, with_scratch,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
 use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::hash_slice_of;
-use super::locking::with_lock;
+use super::locking::{try_with_lock, with_lock};
 use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
 
 /// Block ids of several requests back to back, and where each request's start.
@@ -241,6 +241,21 @@ impl PyBlockPool {
         reverse: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let reverse = opt_bool_arg(reverse, "reverse", false)?;
+        // The common case, an int32 array as handed out (or its reversed view), freed
+        // from its own memory; any failure is reported by the general path below,
+        // which finds the pool as it was.
+        if let Some(lent) = borrow_block_ids(block_ids) {
+            let freed = try_with_lock(&self.inner, |pool| {
+                if reverse != lent.reversed {
+                    pool.free_blocks_reversed(lent.ids)
+                } else {
+                    pool.free_blocks(lent.ids)
+                }
+            });
+            if let Some(Ok(())) = freed {
+                return Ok(());
+            }
+        }
         with_scratch(|ids| {
             extract_block_ids(block_ids, self.config.num_blocks, ids)?;
             self.with_pool(py, |pool| {

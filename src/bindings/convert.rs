@@ -327,6 +327,16 @@ pub fn extract_block_ids(
     Ok(())
 }
 
+/// `obj`'s block ids lent in place when it is a contiguous `int32`/`uint32` array or
+/// a reversed view of one (see [`array_reader::borrow_ids`]: values unchecked, and
+/// the GIL must stay held, with no Python code run, while they are in use).
+pub fn borrow_block_ids<'a>(obj: &'a Bound<'_, PyAny>) -> Option<array_reader::BorrowedIds<'a>> {
+    if !is_plain_ndarray(obj) {
+        return None;
+    }
+    array_reader::borrow_ids(obj.cast::<PyUntypedArray>().ok()?)
+}
+
 fn invalid_id(py: Python<'_>, id: i64, num_blocks: u32) -> PyErr {
     error(
         py,

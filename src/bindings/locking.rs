@@ -48,6 +48,19 @@ pub fn with_lock<T: Send, R>(py: Python<'_>, mutex: &Mutex<T>, f: impl FnOnce(&m
     f(&mut lock(py, mutex))
 }
 
+/// Runs `f` on the value behind `mutex` if it is free now, the GIL held throughout;
+/// `None`, without running `f`, if another thread holds it. For a caller whose `f`
+/// reads memory that is only safe while the GIL has not been given up (a numpy
+/// array's, lent in place); it then takes its general path.
+#[inline]
+pub fn try_with_lock<T: Send, R>(mutex: &Mutex<T>, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+    match mutex.try_lock() {
+        Ok(mut guard) => Some(f(&mut guard)),
+        Err(TryLockError::Poisoned(poisoned)) => Some(f(&mut poisoned.into_inner())),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Runs `f` on the value behind `mutex` with the GIL released, the lock taken (and
 /// waited for) inside that section.
 pub fn with_detached<T: Send, R: Send>(
