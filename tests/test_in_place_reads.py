@@ -13,8 +13,8 @@ block by block while it hashes), ``BlockHasher.hash_block`` and ``KVCacheManager
 
 Block-id arrays (``src/bindings/array_reader.rs``): plain 1-D numpy arrays of 4- or 8-byte
 integers are copied once from their memory, at any stride (``ids[::-1]`` among them), and
-``free_blocks`` frees a contiguous 4-byte array or its reversed view straight from its
-memory, with no copy. Every dtype, stride and range must give what the general conversion
+``free_blocks`` (a contiguous 4-byte array or its reversed view) and ``cache_full_blocks``
+(a contiguous one) read the ids straight from the array's memory, with no copy. Every dtype, stride and range must give what the general conversion
 gives, and every other array the same error as before.
 """
 
@@ -275,3 +275,29 @@ def test_a_misaligned_array_is_copied_not_read() -> None:
     assert not misaligned.flags.aligned
     pool.free_blocks(misaligned, reverse=True)
     assert pool.get_num_free_blocks() == 63
+
+
+@pytest.mark.parametrize("view", [lambda a: a, lambda a: a[::-1][::-1], lambda a: a[::-1]],
+                         ids=["as handed out", "reversed twice", "reversed"])
+def test_cache_full_blocks_reads_id_arrays_as_lists(view: Any) -> None:
+    def cached(ids_of: Any) -> list[Any]:
+        pool = core.BlockPool(64, enable_caching=True)
+        held = pool.get_new_blocks(6)
+        keys = [bytes([i]) * 32 for i in range(6)]
+        pool.cache_full_blocks(ids_of(held), keys, 0, 6)
+        return [pool.get_cached_block(k) for k in keys]
+
+    assert cached(view) == cached(lambda a: [int(x) for x in view(a)])
+
+
+def test_cache_full_blocks_refuses_a_bad_id_in_an_array_and_changes_nothing() -> None:
+    import kvpool
+
+    pool = core.BlockPool(64, enable_caching=True)
+    held = pool.get_new_blocks(3)
+    bad = held.copy()
+    bad[2] = -4
+    with pytest.raises(kvpool.InvalidBlockIdError, match="-4"):
+        pool.cache_full_blocks(bad, [b"a" * 32, b"b" * 32, b"c" * 32], 0, 3)
+    assert pool.get_cached_block(b"a" * 32) is None
+    pool.check_invariants()

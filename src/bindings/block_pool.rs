@@ -360,9 +360,15 @@ impl PyBlockPool {
         let num_full = int_arg(num_full_blocks, "num_full_blocks", 0, i64::MAX)? as usize;
         let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
         let lora_id = opt_int_arg(lora_id, "lora_id", i64::MIN, i64::MAX)?;
-        // Range-checked by the core, after the count arguments (the documented order).
+        // The ids as handed out (a contiguous int32 array) are read in place, as in
+        // `free_blocks`; any other ids are converted first, so that their errors come
+        // before the hashes' (range errors come from the core, after the count arguments:
+        // the documented order).
+        let lent = borrow_block_ids(block_ids).filter(|lent| !lent.reversed);
         let mut ids = Vec::new();
-        extract_block_ids(block_ids, u32::MAX, &mut ids)?;
+        if lent.is_none() {
+            extract_block_ids(block_ids, u32::MAX, &mut ids)?;
+        }
         let hashes = FlatHashes::extract(block_hashes)?;
         let tokens = match token_ids {
             Some(t) if !t.is_none() => {
@@ -373,9 +379,9 @@ impl PyBlockPool {
             _ => None,
         };
         let priority = PriorityArg::extract(py, priority, retention_s)?;
-        self.with_pool(py, |pool| {
-            let call = CacheBlocks {
-                block_ids: &ids,
+        let cache = |pool: &mut pool::BlockPool, ids: &[u32]| {
+            pool.cache_full_blocks(CacheBlocks {
+                block_ids: ids,
                 block_hashes: hashes.slice(),
                 num_cached_blocks: num_cached,
                 num_full_blocks: num_full,
@@ -387,10 +393,17 @@ impl PyBlockPool {
                 priority: priority.map(|p| p.at(pool.now())),
                 extra_keys: None,
                 block_size: None,
-            };
-            pool.cache_full_blocks(call)
-        })
-        .py_err(py)
+            })
+        };
+        if let Some(lent) = lent {
+            // Only while the lock is free now (see `free_blocks`); a contended lock or an
+            // error (the core then changed nothing) goes the general way.
+            if let Some(Ok(())) = try_with_lock(&self.inner, |pool| cache(pool, lent.ids)) {
+                return Ok(());
+            }
+            extract_block_ids(block_ids, u32::MAX, &mut ids)?;
+        }
+        self.with_pool(py, |pool| cache(pool, &ids)).py_err(py)
     }
 
     /// Give blocks (in use or free) a retention priority ``0..=100``, for

@@ -374,7 +374,9 @@ pub fn ids_to_numpy<'py>(py: Python<'py>, ids: &[u32]) -> Bound<'py, PyArray1<i3
 pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<usize> {
     let py = obj.py();
     let mut width = 0usize;
-    let mut push = |item: &Bound<'_, PyAny>| -> PyResult<()> {
+    // `count` is the number of hashes in the sequence: room for all of them is
+    // reserved once the first fixes the width.
+    let mut push = |item: &Bound<'_, PyAny>, count: usize| -> PyResult<()> {
         let bytes = item.cast::<PyBytes>().map_err(|_| {
             error(
                 py,
@@ -395,6 +397,7 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
                 ));
             }
             width = b.len();
+            flat.reserve(width.saturating_mul(count));
         } else if b.len() != width {
             return Err(error(
                 py,
@@ -426,11 +429,11 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
     }
     if let Ok(list) = obj.cast::<PyList>() {
         for item in list.iter() {
-            push(&item)?;
+            push(&item, list.len())?;
         }
     } else if let Ok(tuple) = obj.cast::<PyTuple>() {
         for item in tuple.iter() {
-            push(&item)?;
+            push(&item, tuple.len())?;
         }
     } else if obj.is_instance_of::<PyBytes>() || obj.is_instance_of::<PyString>() {
         return Err(error(
@@ -450,7 +453,7 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
             )
         })?;
         for item in iter {
-            push(&item?)?;
+            push(&item?, 0)?;
         }
     }
     Ok(width)
