@@ -164,9 +164,17 @@ impl<'a> HashSlice<'a> {
     }
 
     /// Hash `i` as a [`BlockHash`].
+    #[inline]
     pub fn block_hash(&self, i: usize) -> BlockHash {
+        let hash = self.get(i);
         let mut bytes = [0u8; MAX_HASH_WIDTH];
-        bytes[..self.width].copy_from_slice(self.get(i));
+        // The common widths (SHA-256 digests, 8-byte ids) as fixed-size copies, which
+        // compile to a few moves; any other width copies its length.
+        match self.width {
+            MAX_HASH_WIDTH => bytes.copy_from_slice(hash),
+            8 => bytes[..8].copy_from_slice(hash),
+            width => bytes[..width].copy_from_slice(hash),
+        }
         BlockHash {
             bytes,
             len: self.width as u8,

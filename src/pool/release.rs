@@ -150,9 +150,9 @@ impl ReleaseRun<'_, '_> {
     /// freed once too often, returning how many ids it had processed.
     ///
     /// `CACHING` and `SKIP_NULL` (a null block) are the pool's state, as constants so
-    /// that each combination gets a loop without their branches. The common block
-    /// (count 1, uncached) is handled inline in a few instructions; every other case
-    /// in [`Self::other`], out of line. The cursor is a local, written back once, so
+    /// that each combination gets a loop without their branches. The common blocks
+    /// (count 1, uncached or cached) are handled inline in a few instructions; every
+    /// other case in [`Self::other`], out of line. The cursor is a local, written back once, so
     /// that it stays in a register.
     #[inline(always)]
     fn run<const REVERSE: bool, const CACHING: bool, const SKIP_NULL: bool, const PINS: bool>(
@@ -181,6 +181,11 @@ impl ReleaseRun<'_, '_> {
                 cursor -= 1;
                 self.slots[cursor] = id;
                 *meta = BlockMeta::stacked(cursor as u32);
+            } else if CACHING && meta.ref_cnt == 1 {
+                // Cached, its last reference: to the tail once the pass is done (the
+                // common case of a caching pool, so inline too).
+                meta.ref_cnt = 0;
+                self.to_tail.push(id);
             } else if SKIP_NULL && id == 0 {
                 // The null block: never freed.
             } else if !Self::other(meta, id, self.to_tail) {
@@ -230,9 +235,9 @@ impl ReleaseRun<'_, '_> {
         Ok(())
     }
 
-    /// Every block but an uncached one with count 1: a cached block reaching 0 joins
-    /// `to_tail`, a block held more than once loses a reference; false for a block
-    /// already free (a double free).
+    /// The blocks the inline paths leave (and, with pins, every block but an uncached
+    /// one with count 1): a cached block reaching 0 joins `to_tail`, a block held more
+    /// than once loses a reference; false for a block already free (a double free).
     #[cold]
     #[inline(never)]
     fn other(meta: &mut BlockMeta, id: u32, to_tail: &mut Vec<u32>) -> bool {
