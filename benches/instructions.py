@@ -1,0 +1,77 @@
+"""Workloads for counting instructions under callgrind, which unlike a clock gives the same
+figure on every run of the same build.
+
+Run one workload at two sizes and divide the difference by the extra work, so that start-up
+(imports, building the pool, making keys) cancels out::
+
+    CG="valgrind --tool=callgrind --callgrind-out-file=/dev/null"
+    PY=$(python -c 'import sys; print(sys.executable)')   # the real binary, not a shim
+    PYTHONHASHSEED=0 $CG $PY benches/instructions.py alloc 1000     # "I refs: A"
+    PYTHONHASHSEED=0 $CG $PY benches/instructions.py alloc 11000    # "I refs: B"
+    # (B - A) / 10,000 instructions per request
+
+Workloads:
+
+* ``alloc N``: N requests of ``get_new_blocks(44)`` then ``free_blocks(ids, reverse=True)``
+  (add ``--view`` for the caller's ``free_blocks(ids[::-1])``), caching off, 32,768 blocks.
+* ``churn N``: the evicting churn of ``benches/vs_vllm.py`` on a 100,000-block pool: one cycle
+  to fill the cache, then N more cycles of 1,562 batches (64 blocks each: allocate, cache
+  under new keys, free reversed); divide by ``N * 99,968`` blocks. ``--keys`` picks the key
+  shape (``sha256``, ``int32-be``, ``int32-le``, ``one-key``; default ``sha256``). Keys for
+  three cycles are made whatever N is, so that making them cancels out too.
+
+``PYTHONHASHSEED=0`` keeps Python's own dictionaries alike in both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import kvpool
+from kvpool.bench import churn_keys
+
+
+def alloc(requests: int, view: bool) -> None:
+    """``requests`` requests of 44 blocks, allocated and freed tail first."""
+    pool = kvpool.BlockPool(32_768, enable_caching=False, block_size=16)
+    get, free = pool.get_new_blocks, pool.free_blocks
+    if view:
+        for _ in range(requests):
+            free(get(44)[::-1])
+    else:
+        for _ in range(requests):
+            free(get(44), reverse=True)
+
+
+def churn(cycles: int, shape: str) -> None:
+    """One filling cycle, then ``cycles`` evicting ones."""
+    pool_blocks, batch = 100_000, 64
+    per_cycle = (pool_blocks - 1) // batch
+    keys = [churn_keys(shape, np.arange(i, i + batch, dtype=np.uint64))
+            for i in range(0, 3 * per_cycle * batch, batch)]
+    pool = kvpool.BlockPool(pool_blocks, enable_caching=True, block_size=16)
+    for k in keys[:(1 + cycles) * per_cycle]:
+        blocks = pool.get_new_blocks(batch)
+        pool.cache_full_blocks(blocks, k, 0, batch)
+        pool.free_blocks(blocks, reverse=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("workload", choices=["alloc", "churn"])
+    parser.add_argument("n", type=int, help="requests (alloc) or evicting cycles (churn, at most 2)")
+    parser.add_argument("--view", action="store_true", help="alloc: free ids[::-1]")
+    parser.add_argument("--keys", default="sha256", help="churn: the key shape")
+    args = parser.parse_args()
+    if args.workload == "alloc":
+        alloc(args.n, args.view)
+    else:
+        if not 0 <= args.n <= 2:
+            parser.error("churn runs 0 to 2 evicting cycles")
+        churn(args.n, args.keys)
+
+
+if __name__ == "__main__":
+    main()
