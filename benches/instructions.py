@@ -18,7 +18,8 @@ Workloads:
   to fill the cache, then N more cycles of 1,562 batches (64 blocks each: allocate, cache
   under new keys, free reversed); divide by ``N * 99,968`` blocks. ``--keys`` picks the key
   shape (``sha256``, ``int32-be``, ``int32-le``, ``one-key``; default ``sha256``). Keys for
-  three cycles are made whatever N is, so that making them cancels out too.
+  three cycles are made whatever N is, so that making them cancels out too. ``--eviction``
+  picks the pool's policy (default ``lru``).
 
 ``PYTHONHASHSEED=0`` keeps Python's own dictionaries alike in both runs.
 """
@@ -45,13 +46,13 @@ def alloc(requests: int, view: bool) -> None:
             free(get(44), reverse=True)
 
 
-def churn(cycles: int, shape: str) -> None:
+def churn(cycles: int, shape: str, eviction: str = "lru") -> None:
     """One filling cycle, then ``cycles`` evicting ones."""
     pool_blocks, batch = 100_000, 64
     per_cycle = (pool_blocks - 1) // batch
     keys = [churn_keys(shape, np.arange(i, i + batch, dtype=np.uint64))
             for i in range(0, 3 * per_cycle * batch, batch)]
-    pool = kvpool.BlockPool(pool_blocks, enable_caching=True, block_size=16)
+    pool = kvpool.BlockPool(pool_blocks, enable_caching=True, block_size=16, eviction=eviction)
     for k in keys[:(1 + cycles) * per_cycle]:
         blocks = pool.get_new_blocks(batch)
         pool.cache_full_blocks(blocks, k, 0, batch)
@@ -64,13 +65,14 @@ def main() -> None:
     parser.add_argument("n", type=int, help="requests (alloc) or evicting cycles (churn, at most 2)")
     parser.add_argument("--view", action="store_true", help="alloc: free ids[::-1]")
     parser.add_argument("--keys", default="sha256", help="churn: the key shape")
+    parser.add_argument("--eviction", default="lru", help="churn: the pool's eviction policy")
     args = parser.parse_args()
     if args.workload == "alloc":
         alloc(args.n, args.view)
     else:
         if not 0 <= args.n <= 2:
             parser.error("churn runs 0 to 2 evicting cycles")
-        churn(args.n, args.keys)
+        churn(args.n, args.keys, args.eviction)
 
 
 if __name__ == "__main__":
