@@ -9,18 +9,17 @@
 //! [`borrow_ids`] skips even that copy for the common case, a contiguous 4-byte array
 //! or its reversed view, and lends the array's memory as a slice.
 //!
-//! One of the crate's three modules with `unsafe` code (with `int_reader.rs` and
-//! `pool/stream_copy.rs`). The
-//! reads are sound because:
+//! One of the crate's four modules with `unsafe` code (with `int_reader.rs`,
+//! `zmq_sink.rs` and `pool/stream_copy.rs`). The reads are sound because:
 //! - the object is exactly `numpy.ndarray` (not a subclass that could lie about its
 //!   layout), one-dimensional, of a 4- or 8-byte integer dtype in native byte order
 //!   and aligned, all read through rust-numpy's checked accessors;
 //! - numpy guarantees `data + i * stride` is a valid, aligned element for
 //!   `i < shape[0]` while the array is alive, which the caller's reference ensures;
 //! - the GIL is held (the `Bound`) and no Python code runs while the elements are
-//!   copied, or while a borrowed slice is in use (the GIL is not given up until
-//!   it is dropped), so the array cannot be resized or freed meanwhile. A thread writing the
-//!   array without the GIL could race the copy, exactly as with rust-numpy's
+//!   copied, or while a lent slice is in use (the GIL is not given up until it is
+//!   dropped), so the array cannot be resized or freed meanwhile. A thread writing
+//!   the array without the GIL could race the read, exactly as with rust-numpy's
 //!   `to_vec`, which the bindings used before.
 
 #![allow(unsafe_code)]
