@@ -535,7 +535,7 @@ class ReplayRing:
     def append(self, seq: int, payload: bytes) -> None:
         """Holds ``payload`` (``bytes``) as batch ``seq``. Numbers must increase from call
         to call (``InvalidArgumentError`` otherwise, holding nothing); raises
-        ``RuntimeError`` once closed.
+        ``TransportError`` (a ``RuntimeError``) once closed.
         """
     def batches_from(self, first: int) -> list[tuple[int, bytes]]:
         """The held batches numbered ``first`` or later, oldest first, as ``(seq, bytes)``."""

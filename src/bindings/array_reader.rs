@@ -38,11 +38,43 @@ pub enum Ids {
     NotPlain,
 }
 
+/// What both readers need of a plain array: 1-D, aligned, of a native integer dtype
+/// (checked through rust-numpy's accessors), with its first element's address.
+struct Plain {
+    /// The dtype's kind: `b'i'` or `b'u'`.
+    kind: u8,
+    itemsize: usize,
+    len: usize,
+    /// Bytes from one element to the next (negative for a reversed view).
+    stride: isize,
+    /// Element 0.
+    data: *mut std::os::raw::c_char,
+}
+
+/// `array`'s [`Plain`] layout, or `None` when it is not such an array.
+fn plain(array: &Bound<'_, PyUntypedArray>) -> Option<Plain> {
+    if array.ndim() != 1 || !array.is_aligned() {
+        return None;
+    }
+    let dtype = array.dtype();
+    let kind = dtype.kind();
+    if !(kind == b'i' || kind == b'u') || dtype.is_native_byteorder() == Some(false) {
+        return None;
+    }
+    Some(Plain {
+        kind,
+        itemsize: dtype.itemsize(),
+        len: array.shape()[0],
+        stride: array.strides()[0],
+        // SAFETY: reading the array object's own data pointer, with the GIL held.
+        data: unsafe { (*numpy::npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr())).data },
+    })
+}
+
 /// A plain 1-D array of 4-byte integers laid out back to back, forwards or backwards
 /// (`ids[::-1]` of a contiguous array), lent as its memory in address order, with
-/// `reversed` set when the array's logical order is the other way. `None` for any
-/// other array (the caller copies it with [`append_ids`]). Values are not checked:
-/// negative `int32` ids read as 2^31 and above.
+/// `reversed` set when the array's logical order is the other way. Values are not
+/// checked: negative `int32` ids read as 2^31 and above.
 pub struct BorrowedIds<'a> {
     /// The elements in memory order.
     pub ids: &'a [u32],
@@ -51,23 +83,22 @@ pub struct BorrowedIds<'a> {
 }
 
 /// Lends `array`'s elements in place when it is a plain, native, aligned 1-D array
-/// of `int32` or `uint32` with stride 4 or -4 (see [`BorrowedIds`]).
+/// of `int32` or `uint32` with stride 4 or -4 (see [`BorrowedIds`]); `None` for any
+/// other array (the caller copies it with [`append_ids`]).
 ///
 /// The slice lives as long as the borrow of `array`; the caller must not run Python
 /// code or give up the GIL while using it (see the module notes).
 pub fn borrow_ids<'a>(array: &'a Bound<'_, PyUntypedArray>) -> Option<BorrowedIds<'a>> {
-    if array.ndim() != 1 || !array.is_aligned() {
+    let Plain {
+        itemsize,
+        len,
+        stride,
+        data,
+        ..
+    } = plain(array)?;
+    if itemsize != 4 {
         return None;
     }
-    let dtype = array.dtype();
-    let kind = dtype.kind();
-    if !(kind == b'i' || kind == b'u')
-        || dtype.itemsize() != 4
-        || dtype.is_native_byteorder() == Some(false)
-    {
-        return None;
-    }
-    let (len, stride) = (array.shape()[0], array.strides()[0]);
     let reversed = match stride {
         _ if len <= 1 => false,
         4 => false,
@@ -84,7 +115,6 @@ pub fn borrow_ids<'a>(array: &'a Bound<'_, PyUntypedArray>) -> Option<BorrowedId
     // caller holds the GIL without running Python code, which the borrow of `array`
     // and the function's contract ensure.
     let ids = unsafe {
-        let data = (*numpy::npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr())).data;
         let lowest = if reversed {
             data.offset(-4 * (len as isize - 1))
         } else {
@@ -100,26 +130,25 @@ pub fn borrow_ids<'a>(array: &'a Bound<'_, PyUntypedArray>) -> Option<BorrowedId
 /// 4- or 8-byte integers (see the module notes) and every element is in
 /// `0..bound`.
 pub fn append_ids(array: &Bound<'_, PyUntypedArray>, bound: u32, out: &mut Vec<u32>) -> Ids {
-    if array.ndim() != 1 || !array.is_aligned() {
+    let Some(Plain {
+        kind,
+        itemsize,
+        len,
+        stride,
+        data,
+    }) = plain(array)
+    else {
         return Ids::NotPlain;
-    }
-    let dtype = array.dtype();
-    let kind = dtype.kind();
-    if !(kind == b'i' || kind == b'u') || dtype.is_native_byteorder() == Some(false) {
-        return Ids::NotPlain;
-    }
-    let (len, stride) = (array.shape()[0], array.strides()[0]);
-    // SAFETY: the array is 1-D and aligned with a native integer dtype (checked above);
-    // `data` is its first element and `data + i * stride` is element `i` for `i < len`.
-    let data = unsafe { (*numpy::npyffi::_PyArray_GET_ITEM_DATA(array.as_array_ptr())).data };
+    };
+    // From here, `data + i * stride` is element `i` for `i < len` (see [`Plain`]).
     let start = out.len();
     out.reserve(len);
     // Negative ids (signed dtypes) wrap to 2^31 and above (4 bytes) or 2^63 and
     // above (8 bytes), so one unsigned bound below 2^31 rejects them too.
     let bound = bound.min(1 << 31);
     let mut bad = None;
-    match (dtype.itemsize(), kind) {
-        (4, _) => {
+    match itemsize {
+        4 => {
             for i in 0..len {
                 // SAFETY: `i < len` (see above); the element is 4 bytes and aligned.
                 let v = unsafe { *(data.offset(i as isize * stride) as *const u32) };
@@ -134,7 +163,7 @@ pub fn append_ids(array: &Bound<'_, PyUntypedArray>, bound: u32, out: &mut Vec<u
                 }
             }
         }
-        (8, _) => {
+        8 => {
             for i in 0..len {
                 // SAFETY: as above, for an 8-byte element.
                 let v = unsafe { *(data.offset(i as isize * stride) as *const u64) };

@@ -45,6 +45,14 @@ impl PyBlockPool {
         with_lock(py, &self.inner, f)
     }
 
+    /// Runs `f` on the pool if its lock is free now, the GIL held throughout (see
+    /// [`try_with_lock`]); true if it ran and succeeded. For ids lent in place by a numpy
+    /// array: on false the caller takes its general path, which finds the pool as it
+    /// was (a failed call changes nothing) and reports any error.
+    fn done_in_place(&self, f: impl FnOnce(&mut pool::BlockPool) -> pool::PoolResult<()>) -> bool {
+        matches!(try_with_lock(&self.inner, f), Some(Ok(())))
+    }
+
     /// `find_longest_cache_hit` with the hit's ids appended to `out`.
     pub(crate) fn longest_cache_hit_into(
         &self,
@@ -242,17 +250,16 @@ impl PyBlockPool {
     ) -> PyResult<()> {
         let reverse = opt_bool_arg(reverse, "reverse", false)?;
         // The common case, an int32 array as handed out (or its reversed view), freed
-        // from its own memory; any failure is reported by the general path below,
-        // which finds the pool as it was.
+        // from its own memory.
         if let Some(lent) = borrow_block_ids(block_ids) {
-            let freed = try_with_lock(&self.inner, |pool| {
+            let freed = self.done_in_place(|pool| {
                 if reverse != lent.reversed {
                     pool.free_blocks_reversed(lent.ids)
                 } else {
                     pool.free_blocks(lent.ids)
                 }
             });
-            if let Some(Ok(())) = freed {
+            if freed {
                 return Ok(());
             }
         }
@@ -396,9 +403,7 @@ impl PyBlockPool {
             })
         };
         if let Some(lent) = lent {
-            // Only while the lock is free now (see `free_blocks`); a contended lock or an
-            // error (the core then changed nothing) goes the general way.
-            if let Some(Ok(())) = try_with_lock(&self.inner, |pool| cache(pool, lent.ids)) {
+            if self.done_in_place(|pool| cache(pool, lent.ids)) {
                 return Ok(());
             }
             extract_block_ids(block_ids, u32::MAX, &mut ids)?;

@@ -57,9 +57,7 @@ impl PyReplayRing {
 /// The Python error of a refused append.
 fn append_error(py: Python<'_>, e: AppendError, seq: u64) -> PyErr {
     match e {
-        AppendError::Closed => {
-            pyo3::exceptions::PyRuntimeError::new_err("the replay ring is closed")
-        }
+        AppendError::Closed => error(py, ErrorKind::Transport, "the replay ring is closed"),
         AppendError::OutOfOrder { last } => error(
             py,
             ErrorKind::InvalidArgument,
@@ -96,7 +94,7 @@ impl PyReplayRing {
 
     /// Holds ``payload`` (``bytes``) as batch ``seq``. Numbers must increase from call
     /// to call (``InvalidArgumentError`` otherwise, holding nothing); raises
-    /// ``RuntimeError`` once closed.
+    /// ``TransportError`` (a ``RuntimeError``) once closed.
     fn append(
         &self,
         py: Python<'_>,

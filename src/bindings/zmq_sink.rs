@@ -234,8 +234,9 @@ enum Lent {
 }
 
 /// Python payloads lent to ZeroMQ, oldest first, each with the mark set once it is
-/// returned (by ZeroMQ's free callback, or by a send that failed first). A process-wide list, not the sink's: a payload must outlive the sink
-/// that sent it while ZeroMQ still holds it.
+/// returned (by ZeroMQ's free callback, or by a send that failed first). A
+/// process-wide list, not the sink's: a payload must outlive the sink that sent it
+/// while ZeroMQ still holds it.
 static LENT_BYTES: Mutex<VecDeque<(Py<PyBytes>, Arc<AtomicBool>)>> = Mutex::new(VecDeque::new());
 
 /// Lets go of the lent Python payloads ZeroMQ has returned, from the oldest up to the

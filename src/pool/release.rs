@@ -152,8 +152,8 @@ impl ReleaseRun<'_, '_> {
     /// `CACHING` and `SKIP_NULL` (a null block) are the pool's state, as constants so
     /// that each combination gets a loop without their branches. The common blocks
     /// (count 1, uncached or cached) are handled inline in a few instructions; every
-    /// other case in [`Self::other`], out of line. The cursor is a local, written back once, so
-    /// that it stays in a register.
+    /// other case in [`Self::other`], out of line. The cursor is a local, written back
+    /// once, so that it stays in a register.
     #[inline(always)]
     fn run<const REVERSE: bool, const CACHING: bool, const SKIP_NULL: bool, const PINS: bool>(
         &mut self,
