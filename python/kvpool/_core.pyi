@@ -90,7 +90,9 @@ class BlockPool:
         """Allocate ``num_blocks`` blocks from the head of the free queue.
 
         Cached blocks among them are evicted from the prefix cache first. Raises
-        ``NoFreeBlocksError`` (nothing allocated) when fewer are free.
+        ``NoFreeBlocksError`` (nothing allocated) when fewer are free. The result may be
+        an array this pool returned before that nothing references any more, written
+        again (a held array, or one with a view, buffer or weak reference, never is).
         """
     def get_new_blocks_many(self, counts: _IdsLike) -> tuple[_BlockIds, npt.NDArray[np.int64]]:
         """Allocate for several requests in one call: ``counts[i]`` blocks for request ``i``.

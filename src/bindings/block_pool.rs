@@ -19,6 +19,7 @@ use super::events::events_to_py;
 use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::hash_slice_of;
 use super::locking::{try_with_lock, with_lock};
+use super::recycled_ids::RecycledIds;
 use crate::pool::{self, CacheBlocks, HashSlice, PoolConfig, MAX_BLOCKS};
 
 /// Block ids of several requests back to back, and where each request's start.
@@ -32,6 +33,8 @@ pub struct PyBlockPool {
     inner: Mutex<pool::BlockPool>,
     /// The pool's configuration, which never changes: read without taking the lock.
     pub(super) config: PoolConfig,
+    /// `get_new_blocks`' recent result arrays, written again once their caller lets go.
+    recycled: RecycledIds,
 }
 
 impl PyBlockPool {
@@ -148,6 +151,7 @@ impl PyBlockPool {
         Ok(Self {
             inner: Mutex::new(inner),
             config,
+            recycled: RecycledIds::default(),
         })
     }
 
@@ -190,7 +194,9 @@ impl PyBlockPool {
     /// Allocate ``num_blocks`` blocks from the head of the free queue.
     ///
     /// Cached blocks among them are evicted from the prefix cache first. Raises
-    /// ``NoFreeBlocksError`` (nothing allocated) when fewer are free.
+    /// ``NoFreeBlocksError`` (nothing allocated) when fewer are free. The result may be
+    /// an array this pool returned before that nothing references any more, written
+    /// again (a held array, or one with a view, buffer or weak reference, never is).
     fn get_new_blocks<'py>(
         &self,
         py: Python<'py>,
@@ -200,7 +206,7 @@ impl PyBlockPool {
         with_scratch(|out| {
             self.with_pool(py, |pool| pool.get_new_blocks(n, out))
                 .py_err(py)?;
-            Ok(ids_to_numpy(py, out))
+            Ok(self.recycled.to_numpy(py, out))
         })
     }
 

@@ -15,6 +15,7 @@ pub mod hashing;
 pub mod int_reader;
 pub mod locking;
 pub mod manager;
+pub mod recycled_ids;
 pub mod replay_ring;
 pub mod requests;
 pub mod step;
