@@ -9,8 +9,8 @@
 //!
 //! One of the crate's five modules with `unsafe` code (with `array_reader.rs`,
 //! `recycled_ids.rs`, `zmq_sink.rs` and `pool/stream_copy.rs`; `[lints.rust]
-//! unsafe_code = "deny"` everywhere else). It depends on CPython's object layout, so it is compiled only
-//! where that layout is fixed and known:
+//! unsafe_code = "deny"` everywhere else). It depends on CPython's object layout, so
+//! it is compiled only where that layout is fixed and known:
 //!
 //! - a version-specific build (not the stable ABI, which hides the layout), on CPython
 //!   (not PyPy or GraalPy), with the GIL (a free-threaded build lets another thread
