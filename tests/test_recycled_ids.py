@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import tracemalloc
 import weakref
 
 import numpy as np
@@ -36,6 +37,20 @@ def _plain_int32(a: np.ndarray, n: int) -> None:
     assert a.flags.c_contiguous and a.flags.writeable and a.flags.owndata and a.base is None
 
 
+def _peak_allocation(work) -> int:
+    """Bytes ``work()`` allocated at its peak beyond what was allocated before it
+    (tracemalloc sees Python objects and numpy's array memory alike)."""
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        work()
+        _, peak = tracemalloc.get_traced_memory()
+        return peak - before
+    finally:
+        tracemalloc.stop()
+
+
 def test_an_array_dropped_by_its_caller_is_written_again() -> None:
     pool = core.BlockPool(64, enable_caching=False)
     first = pool.get_new_blocks(3)
@@ -45,6 +60,28 @@ def test_an_array_dropped_by_its_caller_is_written_again() -> None:
     second = pool.get_new_blocks(3)
     assert id(second) == address  # the same object, now holding the new ids
     _plain_int32(second, 3)
+    pool.free_blocks(second)
+    del second
+
+    def churn() -> None:
+        for _ in range(100):
+            pool.free_blocks(pool.get_new_blocks(3))
+
+    def idle() -> None:
+        for _ in range(100):
+            pass
+
+    churn()
+    # No array made: each call rewrote a kept one (the loop itself allocates alike).
+    assert _peak_allocation(churn) == _peak_allocation(idle)
+    pool_off = core.BlockPool(64, enable_caching=False)
+    held = [pool_off.get_new_blocks(1) for _ in range(8)]  # every slot held: a fresh one each
+
+    def fresh() -> None:
+        pool_off.free_blocks(pool_off.get_new_blocks(2))
+
+    assert _peak_allocation(fresh) > _peak_allocation(idle)
+    del held
 
 
 def test_held_results_never_change() -> None:
@@ -182,3 +219,38 @@ def test_threads_never_see_each_others_results_change() -> None:
     assert errors == []
     assert pool.get_num_free_blocks() == 4095
     pool.check_invariants()
+
+
+def _manager_allocations():
+    """``KVCacheManager.allocate_slots`` for requests of one to three blocks, caching off."""
+    mgr = core.KVCacheManager(64, 4, enable_caching=False)
+    for i in range(20):
+        rid = f"r{i}"
+        mgr.add_request(rid, list(range(4 * (1 + i % 3))))
+        yield mgr.allocate_slots(rid, 4 * (1 + i % 3)), (lambda rid=rid: mgr.free(rid))
+
+
+def _table_allocations():
+    """``BlockTables.allocate_slots`` alike, over a pool with a null block."""
+    pool = core.BlockPool(64, enable_caching=False, null_block=True, block_size=4)
+    tables = core.BlockTables(pool, max_model_len=64)
+    for i in range(20):
+        rid = f"r{i}"
+        n = 4 * (1 + i % 3)
+        yield tables.allocate_slots(rid, 0, n, [], n), (lambda rid=rid: tables.free(rid))
+
+
+@pytest.mark.parametrize("allocations", [_manager_allocations, _table_allocations],
+                         ids=["KVCacheManager", "BlockTables"])
+def test_allocate_slots_results_held_never_change(allocations) -> None:
+    """Results held across later calls keep their ids."""
+    held = []
+    for i, (ids, free) in enumerate(allocations()):
+        _plain_int32(ids, len(ids))
+        if i % 2:
+            held.append((ids, ids.tolist()))
+        free()
+        del ids
+        for kept, snapshot in held:
+            assert kept.tolist() == snapshot
+    assert len({id(ids) for ids, _ in held}) == len(held)

@@ -15,6 +15,7 @@ use super::convert::{
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
 use super::locking::with_lock;
+use super::recycled_ids::RecycledIds;
 use super::requests::request_id_to_py;
 use crate::pool::{self, BlockPool, BlockTables, LoraInfo, PoolConfig, SlotCall};
 
@@ -31,6 +32,8 @@ pub struct PyBlockTables {
     pub(super) pool: Py<PyBlockPool>,
     /// The pool's configuration, which never changes.
     pub(super) config: PoolConfig,
+    /// `allocate_slots`' recent result arrays, written again once their caller lets go.
+    recycled: RecycledIds,
 }
 
 /// One `allocate_slots` call's arguments as Python gave them, by name (they share one
@@ -180,6 +183,7 @@ impl PyBlockTables {
         Ok(Self {
             inner: Mutex::new(inner),
             config: pool.get().config.clone(),
+            recycled: RecycledIds::default(),
             pool: pool.clone().unbind(),
         })
     }
@@ -239,7 +243,7 @@ impl PyBlockTables {
         };
         with_scratch(|out| {
             let ok = self.allocate_into(py, &args, out)?;
-            Ok(ok.then(|| ids_to_numpy(py, out)))
+            Ok(ok.then(|| self.recycled.to_numpy(py, out)))
         })
     }
 

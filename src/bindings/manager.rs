@@ -16,6 +16,7 @@ use super::events::events_to_py;
 use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
 use super::locking::{with_detached, with_lock};
+use super::recycled_ids::RecycledIds;
 use super::requests::{request_id, request_ids};
 use super::step::{step_args, step_limits, step_requests, PyStepResult};
 use super::tracker::segments;
@@ -34,6 +35,8 @@ pub struct PyKVCacheManager {
     /// Whether the prefix cache is on; without it token ids are never read, so only
     /// their counts cross.
     enable_caching: bool,
+    /// `allocate_slots`' recent result arrays, written again once their caller lets go.
+    recycled: RecycledIds,
 }
 
 static STATS_CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -133,6 +136,7 @@ impl PyKVCacheManager {
             inner: Mutex::new(inner),
             num_blocks,
             enable_caching,
+            recycled: RecycledIds::default(),
         })
     }
 
@@ -323,7 +327,7 @@ impl PyKVCacheManager {
                     m.allocate_slots(&id, num_new, num_computed, &hits, lookahead, out)
                 })
                 .py_err(py)?;
-            Ok(ok.then(|| ids_to_numpy(py, out)))
+            Ok(ok.then(|| self.recycled.to_numpy(py, out)))
         })
     }
 

@@ -17,7 +17,7 @@
 //!   (`memoryview`, `np.frombuffer`) or array built on it holds a reference to it, so
 //!   none exists; an array with a weak reference (`weakreflist` set) is never reused;
 //! - the array is still exactly as it was made, checked field by field: one dimension
-//!   of the wanted length, stride 4, no base, owning its memory, writeable, aligned,
+//!   of the wanted length, stride 4 (unless empty), no base, owning its memory, writeable, aligned,
 //!   C-contiguous, and the `int32` dtype it was made with (a holder may have reshaped
 //!   it, changed its dtype or flags, or resized it before letting go; then it is
 //!   dropped instead);
@@ -92,10 +92,20 @@ impl RecycledIds {
             ring.descr =
                 unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(fresh.as_array_ptr())).descr } as usize;
         }
+        // An empty slot, else one whose array its caller still holds (letting go of it
+        // costs nothing), else the next in turn: an array only the ring holds is kept
+        // for a later call of its length as long as possible.
         let victim = ring
             .slots
             .iter()
-            .position(|s| s.as_ref().is_none_or(|a| ref_count(a.bind(py)) == 1))
+            .position(Option::is_none)
+            .or_else(|| {
+                (0..SLOTS).map(|k| (ring.next + k) % SLOTS).find(|&i| {
+                    ring.slots[i]
+                        .as_ref()
+                        .is_some_and(|a| ref_count(a.bind(py)) > 1)
+                })
+            })
             .unwrap_or(ring.next);
         ring.next = (victim + 1) % SLOTS;
         let replaced = ring.slots[victim].replace(fresh.clone().unbind());
@@ -127,7 +137,8 @@ fn writable_data(array: &Bound<'_, PyArray1<i32>>, len: usize, descr: usize) -> 
         && fields.weakreflist.is_null()
         && fields.flags & REQUIRED_FLAGS == REQUIRED_FLAGS
         && fields.descr as usize == descr
-        // SAFETY: a one-dimensional array has one dimension and one stride.
-        && unsafe { *fields.dimensions == len as isize && *fields.strides == 4 };
+        // SAFETY: a one-dimensional array has one dimension and one stride. (An empty
+        // array's stride is whatever numpy chose; nothing is written into it.)
+        && unsafe { *fields.dimensions == len as isize && (len == 0 || *fields.strides == 4) };
     plain.then_some(fields.data.cast::<u32>())
 }

@@ -246,7 +246,17 @@ impl FreeQueue {
             self.stack_live -= take as u32;
             left -= take;
         }
-        // 2. The fresh range, in id order, skipping blocks taken from it earlier.
+        // 2. The fresh range, in id order, skipping blocks taken from it earlier. With
+        // no such gaps (the usual case), the next `take` ids in one run.
+        if left > 0 && self.fresh_live == self.fresh_end - self.fresh_next {
+            let take = left.min(self.fresh_live as usize) as u32;
+            let run = self.fresh_next..self.fresh_next + take;
+            out.extend(run.clone());
+            slab.metas_mut()[run.start as usize..run.end as usize].fill(in_use);
+            self.fresh_next = run.end;
+            self.fresh_live -= take;
+            left -= take as usize;
+        }
         while left > 0 && self.fresh_live > 0 {
             let id = self.fresh_next;
             self.fresh_next += 1;
