@@ -21,6 +21,12 @@ Workloads:
   three cycles are made whatever N is, so that making them cancels out too. ``--eviction``
   picks the pool's policy (default ``lru``).
 
+* ``manager N``: the manager row of ``benches/vs_vllm.py``, N times: a fresh ``KVCacheManager``
+  (32,768 blocks of 16 tokens, caching off), then 100 requests of 700 prompt tokens given as
+  lists: ``add_request`` and ``allocate_slots`` each, one decode token each (``append_token_ids``
+  and ``allocate_slots``), ``free`` each; divide by ``100 * N`` requests (building the manager
+  is counted too, about 700 instructions a request).
+
 ``PYTHONHASHSEED=0`` keeps Python's own dictionaries alike in both runs.
 """
 
@@ -59,16 +65,36 @@ def churn(cycles: int, shape: str, eviction: str = "lru") -> None:
         pool.free_blocks(blocks, reverse=True)
 
 
+def manager(runs: int) -> None:
+    """``runs`` times 100 requests through a fresh manager."""
+    n_req, n_tokens = 100, 701
+    prompts = [[(i * 7919 + t) % 32_000 for t in range(n_tokens - 1)] for i in range(n_req)]
+    rids = [f"w1-{i}" for i in range(n_req)]
+    for _ in range(runs):
+        mgr = kvpool.KVCacheManager(32_768, 16, enable_caching=False)
+        for rid, p in zip(rids, prompts):
+            mgr.add_request(rid, p)
+            mgr.allocate_slots(rid, n_tokens - 1)
+        for rid in rids:
+            mgr.append_token_ids(rid, [1])
+            mgr.allocate_slots(rid, 1)
+        for rid in rids:
+            mgr.free(rid)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=["alloc", "churn"])
-    parser.add_argument("n", type=int, help="requests (alloc) or evicting cycles (churn, at most 2)")
+    parser.add_argument("workload", choices=["alloc", "churn", "manager"])
+    parser.add_argument("n", type=int,
+                        help="requests (alloc), evicting cycles (churn, at most 2) or runs (manager)")
     parser.add_argument("--view", action="store_true", help="alloc: free ids[::-1]")
     parser.add_argument("--keys", default="sha256", help="churn: the key shape")
     parser.add_argument("--eviction", default="lru", help="churn: the pool's eviction policy")
     args = parser.parse_args()
     if args.workload == "alloc":
         alloc(args.n, args.view)
+    elif args.workload == "manager":
+        manager(args.n)
     else:
         if not 0 <= args.n <= 2:
             parser.error("churn runs 0 to 2 evicting cycles")

@@ -659,7 +659,8 @@ class BlockTables:
     ) -> _BlockIds | None:
         """vLLM's ``allocate_slots`` for request ``request_id`` whose state is
         ``num_computed_tokens``, ``num_tokens`` and ``block_hashes``: the new blocks
-        (int32), or ``None`` (nothing changed) when they do not fit.
+        (int32; possibly an earlier result nothing references any more, written again),
+        or ``None`` (nothing changed) when they do not fit.
         ``new_computed_blocks=None`` is vLLM's empty sentinel (nothing to adopt). Every
         argument may be given by position, so a hot caller avoids keyword parsing.
         """
@@ -1194,7 +1195,8 @@ class KVCacheManager:
         """Allocates slots for ``num_new_tokens`` new tokens (plus lookahead), taking
         ``new_computed_blocks`` (the hit from ``get_computed_blocks``) for a request
         that starts now. Returns the new block ids, or None (nothing changed) when the
-        pool is short.
+        pool is short. The array may be an earlier result that nothing references any
+        more, written again (as ``BlockPool.get_new_blocks``).
         """
     def schedule_step(
         self,

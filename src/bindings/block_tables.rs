@@ -202,7 +202,8 @@ impl PyBlockTables {
 
     /// vLLM's ``allocate_slots`` for request ``request_id`` whose state is
     /// ``num_computed_tokens``, ``num_tokens`` and ``block_hashes``: the new blocks
-    /// (int32), or ``None`` (nothing changed) when they do not fit.
+    /// (int32; possibly an earlier result nothing references any more, written again),
+    /// or ``None`` (nothing changed) when they do not fit.
     /// ``new_computed_blocks=None`` is vLLM's empty sentinel (nothing to adopt). Every
     /// argument may be given by position, so a hot caller avoids keyword parsing.
     #[pyo3(signature = (request_id, num_computed_tokens, num_tokens, block_hashes, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None, num_external_computed_tokens=None, delay_cache_blocks=None, full_sequence_must_fit=None, reserved_blocks=None, watermark_blocks=None, token_ids=None))]

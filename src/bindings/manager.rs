@@ -295,7 +295,8 @@ impl PyKVCacheManager {
     /// Allocates slots for ``num_new_tokens`` new tokens (plus lookahead), taking
     /// ``new_computed_blocks`` (the hit from ``get_computed_blocks``) for a request
     /// that starts now. Returns the new block ids, or None (nothing changed) when the
-    /// pool is short.
+    /// pool is short. The array may be an earlier result that nothing references any
+    /// more, written again (as ``BlockPool.get_new_blocks``).
     #[pyo3(signature = (request_id, num_new_tokens, *, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None))]
     fn allocate_slots<'py>(
         &self,
