@@ -72,21 +72,24 @@ impl RecycledIds {
         if cfg!(Py_GIL_DISABLED) || ids.len() > MAX_RECYCLED_LEN {
             return ids_to_numpy(py, ids);
         }
-        let Ok(mut ring) = self.ring.try_lock() else {
-            return ids_to_numpy(py, ids);
-        };
-        let descr = ring.descr;
-        for slot in ring.slots.iter().flatten() {
-            let array = slot.bind(py);
-            if let Some(data) = writable_data(array, ids.len(), descr) {
-                // SAFETY: `writable_data` checked that only the ring holds the array and
-                // that it owns `ids.len()` contiguous, aligned, writeable `int32`s at
-                // `data`; the GIL is held and no Python code runs until we return.
-                unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), data, ids.len()) };
-                return array.clone();
+        if let Ok(ring) = self.ring.try_lock() {
+            for slot in ring.slots.iter().flatten() {
+                let array = slot.bind(py);
+                if let Some(data) = writable_data(array, ids.len(), ring.descr) {
+                    // SAFETY: `writable_data` checked that only the ring holds the array
+                    // and that it owns `ids.len()` contiguous, aligned, writeable `int32`s
+                    // at `data`; the GIL is held and no Python code runs until we return.
+                    unsafe { std::ptr::copy_nonoverlapping(ids.as_ptr(), data, ids.len()) };
+                    return array.clone();
+                }
             }
         }
+        // A fresh array, made with the ring's lock not held (making an object is Python
+        // code by the locking rules), then kept in place of another.
         let fresh = ids_to_numpy(py, ids);
+        let Ok(mut ring) = self.ring.try_lock() else {
+            return fresh;
+        };
         if ring.descr == 0 {
             // SAFETY: reading the fresh array's own dtype pointer, with the GIL held.
             ring.descr =
