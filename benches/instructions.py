@@ -66,20 +66,13 @@ def churn(cycles: int, shape: str, eviction: str = "lru") -> None:
 
 
 def manager(runs: int) -> None:
-    """``runs`` times 100 requests through a fresh manager."""
-    n_req, n_tokens = 100, 701
-    prompts = [[(i * 7919 + t) % 32_000 for t in range(n_tokens - 1)] for i in range(n_req)]
-    rids = [f"w1-{i}" for i in range(n_req)]
+    """``runs`` times 100 requests through a fresh manager (``vs_vllm.manager_requests``)."""
+    from vs_vllm import manager_requests  # this folder is on the path when run as a script
+
+    prompts = [[(i * 7919 + t) % 32_000 for t in range(700)] for i in range(100)]
+    rids = [f"w1-{i}" for i in range(100)]
     for _ in range(runs):
-        mgr = kvpool.KVCacheManager(32_768, 16, enable_caching=False)
-        for rid, p in zip(rids, prompts):
-            mgr.add_request(rid, p)
-            mgr.allocate_slots(rid, n_tokens - 1)
-        for rid in rids:
-            mgr.append_token_ids(rid, [1])
-            mgr.allocate_slots(rid, 1)
-        for rid in rids:
-            mgr.free(rid)
+        manager_requests(kvpool.KVCacheManager(32_768, 16, enable_caching=False), rids, prompts)
 
 
 def main() -> None:

@@ -292,6 +292,20 @@ def race_replay(v: Any, race: Race, trace_path: Path) -> None:
         raise SystemExit(f"replay hit counts differ: {hits}")
 
 
+def manager_requests(mgr: Any, rids: list[str], prompts: list[Any]) -> None:
+    """kvpool's side of the manager row: each request added and its prompt allocated, then one
+    decode token each (appended, then allocated), then each freed; the calls vLLM's scheduler
+    makes, one request at a time (``benches/instructions.py manager`` counts the same)."""
+    for rid, p in zip(rids, prompts):
+        mgr.add_request(rid, p)
+        mgr.allocate_slots(rid, len(p))
+    for rid in rids:
+        mgr.append_token_ids(rid, [1])
+        mgr.allocate_slots(rid, 1)
+    for rid in rids:
+        mgr.free(rid)
+
+
 def race_manager(v: Any, race: Race) -> None:
     n_req, n_tokens, block_size, pool_blocks = 100, 701, 16, 32_768
     prompts = [[(i * 7919 + t) % 32_000 for t in range(n_tokens - 1)] for i in range(n_req)]
@@ -318,16 +332,7 @@ def race_manager(v: Any, race: Race) -> None:
 
     def kv_per_request(prompt_forms: list[Any]) -> Callable[[Any], None]:
         """The scheduler's calls one request at a time, the prompts given as ``prompt_forms``."""
-        def run(mgr: Any) -> None:
-            for rid, p in zip(rids, prompt_forms):
-                mgr.add_request(rid, p)
-                mgr.allocate_slots(rid, n_tokens - 1)
-            for rid in rids:
-                mgr.append_token_ids(rid, [1])
-                mgr.allocate_slots(rid, 1)
-            for rid in rids:
-                mgr.free(rid)
-        return run
+        return lambda mgr: manager_requests(mgr, rids, prompt_forms)
 
     arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
 
