@@ -11,8 +11,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
 use super::block_tables::{PyBlockTables, SlotArgs};
-use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, type_name, with_scratch};
+use super::convert::{int_arg, opt_bool_arg, type_name, with_scratch};
 use super::errors::{error, ErrorKind, IntoPyResult};
+use super::recycled_ids::RecycledIds;
 use crate::pool::SlotCall;
 
 /// ``VllmManagerCalls(tables, empty_blocks, blocks_class, block_ids_of, waiting_statuses,
@@ -30,6 +31,8 @@ pub struct PyVllmManagerCalls {
     watermark_blocks: usize,
     /// The pool's block size.
     block_size: usize,
+    /// Recent result arrays, written again once nothing else references them.
+    recycled: RecycledIds,
 }
 
 impl PyVllmManagerCalls {
@@ -38,9 +41,10 @@ impl PyVllmManagerCalls {
         if ids.is_empty() {
             Ok(self.empty_blocks.bind(py).clone())
         } else {
-            self.blocks_class
-                .bind(py)
-                .call1((self.tables.get().pool.bind(py), ids_to_numpy(py, ids)))
+            self.blocks_class.bind(py).call1((
+                self.tables.get().pool.bind(py),
+                self.recycled.to_numpy(py, ids),
+            ))
         }
     }
 }
@@ -103,6 +107,7 @@ impl PyVllmManagerCalls {
             waiting_statuses,
             watermark_blocks: int_arg(watermark_blocks, "watermark_blocks", 0, i64::MAX)? as usize,
             block_size,
+            recycled: RecycledIds::default(),
         })
     }
 

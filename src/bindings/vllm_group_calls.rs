@@ -14,6 +14,7 @@ use super::convert::{ids_to_numpy, int_arg, opt_bool_arg};
 use super::errors::IntoPyResult;
 use super::group_tables::{GroupSlotArgs, PyGroupTables};
 use super::hashing::hash_slice_of;
+use super::recycled_ids::RecycledIds;
 use super::vllm_calls::{request_field, watermark_arg};
 
 /// ``VllmGroupCalls(tables, empty_blocks, blocks_class, group_ids_of, waiting_statuses,
@@ -30,7 +31,14 @@ pub struct PyVllmGroupCalls {
     group_ids_of: Py<PyAny>,
     waiting_statuses: Py<PyTuple>,
     watermark_blocks: usize,
+    /// Recent result arrays of each of the first [`RECYCLED_GROUPS`] groups, written
+    /// again once nothing else references them (a group's lengths repeat, not across
+    /// groups).
+    recycled: [RecycledIds; RECYCLED_GROUPS],
 }
+
+/// Groups whose result arrays are recycled; later groups' are made fresh.
+const RECYCLED_GROUPS: usize = 8;
 
 impl PyVllmGroupCalls {
     /// `empty_blocks` when no group has a block, else `blocks_class(pool, groups)`.
@@ -47,7 +55,11 @@ impl PyVllmGroupCalls {
             py,
             offsets
                 .windows(2)
-                .map(|w| ids_to_numpy(py, &flat[w[0]..w[1]])),
+                .enumerate()
+                .map(|(g, w)| match self.recycled.get(g) {
+                    Some(ring) => ring.to_numpy(py, &flat[w[0]..w[1]]),
+                    None => ids_to_numpy(py, &flat[w[0]..w[1]]),
+                }),
         )?;
         self.blocks_class
             .bind(py)
@@ -73,6 +85,7 @@ impl PyVllmGroupCalls {
             group_ids_of,
             waiting_statuses,
             watermark_blocks: int_arg(watermark_blocks, "watermark_blocks", 0, i64::MAX)? as usize,
+            recycled: Default::default(),
         })
     }
 
