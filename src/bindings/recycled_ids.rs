@@ -17,10 +17,10 @@
 //!   (`memoryview`, `np.frombuffer`) or array built on it holds a reference to it, so
 //!   none exists; an array with a weak reference (`weakreflist` set) is never reused;
 //! - the array is still exactly as it was made, checked field by field: one dimension
-//!   of the wanted length, stride 4 (unless empty), no base, owning its memory, writeable, aligned,
-//!   C-contiguous, and the `int32` dtype it was made with (a holder may have reshaped
-//!   it, changed its dtype or flags, or resized it before letting go; then it is
-//!   dropped instead);
+//!   of the wanted length, stride 4 (unless empty), no base, owning its memory,
+//!   writeable, aligned, C-contiguous, and the `int32` dtype it was made with (a holder
+//!   may have reshaped it, changed its dtype or flags, or resized it before letting go;
+//!   then it is dropped instead);
 //! - on a free-threaded build a count read by one thread does not exclude others, so
 //!   there the ring is off and every call makes a fresh array.
 
