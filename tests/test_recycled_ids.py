@@ -73,14 +73,17 @@ def test_an_array_dropped_by_its_caller_is_written_again() -> None:
 
     churn()
     # No array made: each call rewrote a kept one (the loop itself allocates alike).
-    assert _peak_allocation(churn) == _peak_allocation(idle)
+    # tracemalloc sees every thread, so a stray allocation elsewhere may spoil one
+    # measurement; a recycling that does not happen spoils all of them.
+    assert any(_peak_allocation(churn) == _peak_allocation(idle) for _ in range(3))
     pool_off = core.BlockPool(64, enable_caching=False)
-    held = [pool_off.get_new_blocks(1) for _ in range(8)]  # every slot held: a fresh one each
+    held = [pool_off.get_new_blocks(1) for _ in range(8)]  # every slot held
+    kept: list = [None] * 3
 
-    def fresh() -> None:
-        pool_off.free_blocks(pool_off.get_new_blocks(2))
+    def fresh(i: int) -> None:
+        kept[i] = pool_off.get_new_blocks(2)  # kept too: no array to rewrite, a fresh one
 
-    assert _peak_allocation(fresh) > _peak_allocation(idle)
+    assert any(_peak_allocation(lambda: fresh(i)) > _peak_allocation(idle) for i in range(3))
     del held
 
 
