@@ -26,12 +26,12 @@
 
 #![allow(unsafe_code)]
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use numpy::npyffi::{
     self, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_OWNDATA, NPY_ARRAY_WRITEABLE,
 };
-use numpy::{PyArray1, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 use super::convert::ids_to_numpy;
@@ -52,9 +52,13 @@ struct Ring {
     slots: [Option<Py<PyArray1<i32>>>; SLOTS],
     /// The slot the next fresh array replaces when every slot is still in use.
     next: usize,
-    /// Address of the `int32` dtype the arrays were made with (numpy's built-in one,
-    /// which lives as long as numpy), 0 until the first array.
-    descr: usize,
+}
+
+/// Address of numpy's built-in `int32` dtype, which every array here is made with
+/// ([`ids_to_numpy`]) and which lives as long as numpy.
+fn int32_descr(py: Python<'_>) -> usize {
+    static DESCR: OnceLock<usize> = OnceLock::new();
+    *DESCR.get_or_init(|| numpy::dtype::<i32>(py).as_dtype_ptr() as usize)
 }
 
 /// The last few id arrays a pool returned, reused once only the ring holds them (see
@@ -73,9 +77,10 @@ impl RecycledIds {
             return ids_to_numpy(py, ids);
         }
         if let Ok(ring) = self.ring.try_lock() {
+            let descr = int32_descr(py);
             for slot in ring.slots.iter().flatten() {
                 let array = slot.bind(py);
-                if let Some(data) = writable_data(array, ids.len(), ring.descr) {
+                if let Some(data) = writable_data(array, ids.len(), descr) {
                     // SAFETY: `writable_data` checked that only the ring holds the array
                     // and that it owns `ids.len()` contiguous, aligned, writeable `int32`s
                     // at `data`; the GIL is held and no Python code runs until we return.
@@ -90,11 +95,6 @@ impl RecycledIds {
         let Ok(mut ring) = self.ring.try_lock() else {
             return fresh;
         };
-        if ring.descr == 0 {
-            // SAFETY: reading the fresh array's own dtype pointer, with the GIL held.
-            ring.descr =
-                unsafe { (*npyffi::_PyArray_GET_ITEM_DATA(fresh.as_array_ptr())).descr } as usize;
-        }
         // An empty slot, else one whose array its caller still holds (letting go of it
         // costs nothing), else the next in turn: an array only the ring holds is kept
         // for a later call of its length as long as possible.
