@@ -205,6 +205,53 @@ impl ClassLists {
         }
     }
 
+    /// Takes the `n` blocks (the lists have them) that come first when classes 0 and
+    /// 1, each in ascending `key` order head to tail, are merged, class 0 first on
+    /// equal keys; appends them to `out` with count 1 and no links. What taking the
+    /// head of the class with the lower key `n` times does, in one walk: the adaptive
+    /// policy's allocation loop.
+    #[inline]
+    pub fn take_merged_two(
+        &mut self,
+        slab: &mut Slab,
+        n: usize,
+        out: &mut Vec<u32>,
+        key: impl Fn(u32) -> u64,
+    ) {
+        debug_assert!(self.ends.len() == 2 && n as u32 <= self.len);
+        let key_of = |id: u32| if id == NIL { u64::MAX } else { key(id) };
+        let mut heads = [self.ends[0].head, self.ends[1].head];
+        let mut keys = [key_of(heads[0]), key_of(heads[1])];
+        let mut taken = [0u32; 2];
+        for _ in 0..n {
+            let class = usize::from(keys[1] < keys[0]);
+            let id = heads[class];
+            out.push(id);
+            let meta = slab.get_mut(id);
+            let next = meta.next;
+            meta.ref_cnt = 1;
+            meta.prev = NIL;
+            meta.next = NIL;
+            heads[class] = next;
+            keys[class] = key_of(next);
+            taken[class] += 1;
+        }
+        for class in 0..2 {
+            let ends = &mut self.ends[class];
+            ends.head = heads[class];
+            if heads[class] == NIL {
+                ends.tail = NIL;
+            } else {
+                slab.get_mut(heads[class]).prev = NIL;
+            }
+            ends.len -= taken[class];
+            if ends.len == 0 {
+                self.nonempty &= !(1 << class);
+            }
+        }
+        self.len -= n as u32;
+    }
+
     /// The blocks of `class`, head to tail. Stops after the list's length even if
     /// the links were corrupted into a cycle, so the invariant walk always finishes.
     pub fn iter_class<'a>(&self, slab: &'a Slab, class: usize) -> ClassIter<'a> {
@@ -240,6 +287,63 @@ impl Iterator for ClassIter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Merging the two classes in one walk takes the same blocks, in the same
+        /// order, and leaves the same lists as taking the head with the lower key (class
+        /// 0 on a tie) one block at a time.
+        #[test]
+        fn take_merged_two_is_taking_the_lower_head_n_times(
+            classes in proptest::collection::vec(0usize..2, 0..40),
+            keys in proptest::collection::vec(0u64..6, 40),
+            take in 0usize..40,
+        ) {
+            let n = classes.len() as u32;
+            let take = take.min(classes.len());
+            // Keys ascending within each class, as the policy's credits are.
+            let mut sorted = keys.clone();
+            sorted.truncate(classes.len());
+            sorted.sort_unstable();
+            let key = |id: u32| sorted[id as usize];
+            let build = || {
+                let mut slab = Slab::new(n.max(1)).unwrap();
+                let mut lists = ClassLists::new(2, n.max(1), true);
+                for (id, &class) in classes.iter().enumerate() {
+                    slab.get_mut(id as u32).ref_cnt = 0;
+                    lists.push_back(&mut slab, class, id as u32);
+                }
+                (slab, lists)
+            };
+            let (mut slab_a, mut a) = build();
+            let mut merged = Vec::new();
+            a.take_merged_two(&mut slab_a, take, &mut merged, key);
+            let (mut slab_b, mut b) = build();
+            let mut one_by_one = Vec::new();
+            for _ in 0..take {
+                let credit = |c: usize| {
+                    let head = b.ends(c).head;
+                    if head == NIL { u64::MAX } else { key(head) }
+                };
+                let class = usize::from(credit(1) < credit(0));
+                let id = b.pop_front(&mut slab_b, class);
+                slab_b.get_mut(id).ref_cnt = 1;
+                one_by_one.push(id);
+            }
+            proptest::prop_assert_eq!(&merged, &one_by_one);
+            for class in 0..2 {
+                proptest::prop_assert_eq!(a.ends(class), b.ends(class));
+                proptest::prop_assert_eq!(
+                    a.iter_class(&slab_a, class).collect::<Vec<_>>(),
+                    b.iter_class(&slab_b, class).collect::<Vec<_>>()
+                );
+            }
+            proptest::prop_assert_eq!(a.len(), b.len());
+            proptest::prop_assert_eq!(a.lowest_nonempty(), b.lowest_nonempty());
+            for id in 0..n {
+                proptest::prop_assert_eq!(slab_a.get(id), slab_b.get(id));
+            }
+        }
+    }
 
     #[test]
     fn classes_keep_lru_order_and_the_mask() {

@@ -40,6 +40,8 @@ pub const MAX_PRIORITY: u8 = 100;
 /// Use-count bands of the adaptive policy: blocks used by one request, and by two
 /// or more.
 pub const ADAPTIVE_BANDS: usize = 2;
+// The free queue takes the adaptive policy's blocks by merging exactly two bands.
+const _: () = assert!(ADAPTIVE_BANDS == 2);
 /// How much later than it was a block used by two or more requests counts as freed,
 /// in cached blocks freed: the adaptive policy's one parameter, chosen by measurement
 /// on the Mooncake traces (`docs/eviction.md`).
@@ -207,7 +209,7 @@ const WORD_MULTIPLIERS: [u64; 4] = [
 /// latency of folding splitmix64 word by word, which this replaced. Deterministic,
 /// so that the plain-Python reference computes the same; a collision only blurs a
 /// use count, never a cost.
-#[inline]
+#[inline(always)]
 pub fn ghost_fingerprint(key: &BlockHashKey) -> u64 {
     let w = key.hash.words();
     let folded = ((key.hash.width() as u64) << 32 | u64::from(key.group))
@@ -293,7 +295,8 @@ impl Ghosts {
             directory,
             set_mask: sets as u64 - 1,
             stamp: 0,
-            window,
+            // Below `u32::MAX`, the age `record` gives an empty way.
+            window: window.min(u32::MAX - 1),
         })
     }
 
@@ -328,39 +331,76 @@ impl Ghosts {
         }
         self.stamp = self.stamp.wrapping_add(1);
         let start = self.set_start(fingerprint);
-        let set = &self.ways[self.base + start..self.base + start + GHOST_WAYS];
+        let set: &[u64; GHOST_WAYS] = self.ways[self.base + start..][..GHOST_WAYS]
+            .try_into()
+            .unwrap_or(&[0; GHOST_WAYS]);
         // The first empty or forgotten way, else the oldest record (the first on a
-        // tie), chosen without branches: the highest score wins.
-        let mut best = 0u64;
-        for (i, &way) in set.iter().enumerate() {
-            let age = u64::from(self.age(way));
-            let free = way & 0xFF == 0 || age > u64::from(self.window);
-            let rank = (GHOST_WAYS - 1 - i) as u64;
-            let score = if free {
-                (1 << 40) | rank
+        // tie). Each way's age, an empty way's taken as the largest there is, so that
+        // a way is free exactly when its age exceeds the window. Records go to the
+        // first free way, so the live ones gather at the front and the first half
+        // mostly has a free way: it is checked on its own first, without branches.
+        let age = |way: u64| {
+            if way & 0xFF == 0 {
+                u32::MAX
             } else {
-                (age << 3) | rank
-            };
-            best = best.max(score);
+                self.age(way)
+            }
+        };
+        let free_in = |ways: &[u64]| {
+            ways.iter().enumerate().fold(0u32, |mask, (i, &way)| {
+                mask | u32::from(age(way) > self.window) << i
+            })
+        };
+        let (front, back) = set.split_at(GHOST_WAYS / 2);
+        let mut free = free_in(front);
+        if free == 0 {
+            free = free_in(back) << (GHOST_WAYS / 2);
         }
-        let victim = start + GHOST_WAYS - 1 - (best & 7) as usize;
+        let way = if free != 0 {
+            free.trailing_zeros() as usize
+        } else {
+            let mut best = (0u32, 0usize);
+            for (i, &way) in set.iter().enumerate() {
+                if age(way) > best.0 {
+                    best = (age(way), i);
+                }
+            }
+            best.1
+        };
+        let victim = start + way;
         self.ways[self.base + victim] =
             (u64::from(self.stamp) << 32) | Self::tag(fingerprint) | u64::from(uses);
         self.directory[victim] = Self::directory_byte(Self::tag(fingerprint));
     }
 
     /// The uses recorded for `fingerprint` (0 if none or forgotten), cleared as they
-    /// are read.
-    #[inline]
+    /// are read. Inline for the common answer, a key the directory does not know;
+    /// the table itself is read out of line.
+    #[inline(always)]
     fn take(&mut self, fingerprint: u64) -> u8 {
         if self.ways.is_empty() {
             return 0;
         }
         let start = self.set_start(fingerprint);
         let tag = Self::tag(fingerprint);
-        if !self.directory[start..start + GHOST_WAYS].contains(&Self::directory_byte(tag)) {
+        // The set's eight directory bytes as one word: a byte equal to the tag's makes
+        // a zero byte of the xor (the classic has-a-zero-byte test, exact for whether
+        // there is one).
+        let bytes: [u8; GHOST_WAYS] = self.directory[start..start + GHOST_WAYS]
+            .try_into()
+            .unwrap_or([0; GHOST_WAYS]);
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        let x = u64::from_le_bytes(bytes) ^ (ONES * u64::from(Self::directory_byte(tag)));
+        if x.wrapping_sub(ONES) & !x & (ONES << 7) == 0 {
             return 0;
         }
+        self.take_from_set(start, tag)
+    }
+
+    /// [`take`](Self::take) once the directory has a byte for `tag` in the set at
+    /// `start`.
+    #[inline(never)]
+    fn take_from_set(&mut self, start: usize, tag: u64) -> u8 {
         // The first way holding the tag, found without branches.
         let mut hit = GHOST_WAYS;
         for i in (0..GHOST_WAYS).rev() {
@@ -601,14 +641,16 @@ impl Eviction {
         self.adaptive.get(id as usize).map_or(0, |&w| w as u8)
     }
 
-    /// The band of block `id` under the adaptive policy: `min(uses, 5) - 1`. Constant
-    /// while the block is queued (a block's uses change only while it is in use).
+    /// The band of block `id` under the adaptive policy: 1 when two or more requests
+    /// used it, else 0. Constant while the block is queued (a block's uses change
+    /// only while it is in use).
     #[inline]
     pub fn band(&self, id: u32) -> usize {
-        (self.adaptive[id as usize] as u8).clamp(1, ADAPTIVE_BANDS as u8) as usize - 1
+        usize::from(self.adaptive[id as usize] as u8 >= 2)
     }
 
     /// Block `id`'s credit while queued (adaptive only).
+    #[inline]
     pub fn credit(&self, id: u32) -> u64 {
         self.adaptive.get(id as usize).map_or(0, |&w| w >> 8)
     }
@@ -682,35 +724,46 @@ impl Eviction {
     // ------------------------------------------------------------ the queue's lists
 
     /// The class freed cached block `id` joins, and its per-class state set up.
-    #[inline]
+    #[inline(always)]
     pub fn class_for(&mut self, id: u32) -> usize {
         match self.policy {
             EvictionPolicy::Lru => 0,
-            EvictionPolicy::Priority => {
-                let retention = self.priorities[id as usize];
-                let now = if retention.expires_at.is_some() {
-                    self.clock.now()
-                } else {
-                    0.0
-                };
-                let priority = retention.effective(now);
-                if let (Some(at), true) = (retention.expires_at, priority != DEFAULT_PRIORITY) {
-                    let seq = self.next_seq;
-                    self.next_seq += 1;
-                    self.expiry_seq[id as usize] = seq;
-                    self.expiries.push(Reverse(Expiry { at, seq, id }));
-                }
-                priority as usize
-            }
-            EvictionPolicy::Adaptive => {
-                let band = self.band(id);
-                self.tick += 1;
-                let w = &mut self.adaptive[id as usize];
-                let bonus = if band == 0 { 0 } else { self.horizon };
-                *w = ((self.tick + bonus) << 8) | (*w & 0xFF);
-                band
-            }
+            EvictionPolicy::Priority => self.priority_class_for(id),
+            EvictionPolicy::Adaptive => self.adaptive_class_for(id),
         }
+    }
+
+    /// [`class_for`](Self::class_for) under the adaptive policy (the caller knows it
+    /// is): the block's band, its credit set from the clock.
+    #[inline(always)]
+    pub fn adaptive_class_for(&mut self, id: u32) -> usize {
+        debug_assert!(self.policy == EvictionPolicy::Adaptive);
+        self.tick += 1;
+        let band = self.band(id);
+        let w = &mut self.adaptive[id as usize];
+        let bonus = if band == 0 { 0 } else { self.horizon };
+        *w = ((self.tick + bonus) << 8) | (*w & 0xFF);
+        band
+    }
+
+    /// [`class_for`](Self::class_for) under the priority policy: the block's priority
+    /// in force now, its expiry queued when it is above the default for a while.
+    #[inline(never)]
+    fn priority_class_for(&mut self, id: u32) -> usize {
+        let retention = self.priorities[id as usize];
+        let now = if retention.expires_at.is_some() {
+            self.clock.now()
+        } else {
+            0.0
+        };
+        let priority = retention.effective(now);
+        if let (Some(at), true) = (retention.expires_at, priority != DEFAULT_PRIORITY) {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.expiry_seq[id as usize] = seq;
+            self.expiries.push(Reverse(Expiry { at, seq, id }));
+        }
+        priority as usize
     }
 
     /// The class whose head is evicted next (`lists` is not empty).
@@ -757,9 +810,17 @@ impl Eviction {
         due
     }
 
-    /// Block `id` left the queue: its pending expiry entry, if any, goes stale.
-    #[inline]
+    /// Block `id` left the queue: its pending expiry entry, if any, goes stale
+    /// (priority policy only; nothing to do under the others).
+    #[inline(always)]
     pub fn on_dequeued(&mut self, id: u32) {
+        if self.policy == EvictionPolicy::Priority {
+            self.priority_dequeued(id);
+        }
+    }
+
+    #[inline(never)]
+    fn priority_dequeued(&mut self, id: u32) {
         if let Some(seq) = self.expiry_seq.get_mut(id as usize) {
             *seq = u64::MAX;
         }
@@ -831,6 +892,56 @@ mod tests {
             (g.directory_mismatches(), old.directory_mismatches()),
             (0, 0)
         );
+    }
+
+    /// The way `record` replaces, as the rule states it: the first way that is empty
+    /// or older than the window, else the oldest (the first on a tie).
+    fn victim_by_the_rule(g: &Ghosts, set: &[u64]) -> usize {
+        let free = |&way: &u64| way & 0xFF == 0 || g.age(way) > g.window;
+        match set.iter().position(free) {
+            Some(i) => i,
+            None => {
+                let oldest = set.iter().map(|&w| g.age(w)).max().unwrap_or(0);
+                set.iter().position(|&w| g.age(w) == oldest).unwrap_or(0)
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever a set holds (empty ways, live and forgotten records, stamps about
+        /// to wrap), `record` writes the way the rule names and no other.
+        #[test]
+        fn record_replaces_the_way_the_rule_names(
+            ways in proptest::collection::vec((0u32..12, 0u8..3), GHOST_WAYS),
+            stamp in proptest::prop_oneof![0u32..40, (u32::MAX - 20)..=u32::MAX],
+            window in 1u32..10,
+        ) {
+            let mut g = Ghosts::new(GHOST_WAYS, window).unwrap();
+            g.stamp = stamp;
+            // Way i written `back` evictions before the record's own stamp, with
+            // `uses` (0: empty).
+            for (i, &(back, uses)) in ways.iter().enumerate() {
+                let written = stamp.wrapping_add(1).wrapping_sub(back);
+                g.ways[g.base + i] = if uses == 0 {
+                    0
+                } else {
+                    (u64::from(written) << 32) | ((i as u64 + 1) << 8) | u64::from(uses)
+                };
+            }
+            let before: Vec<u64> = g.table().to_vec();
+            let mut expected = g.clone();
+            expected.stamp = stamp.wrapping_add(1);
+            let victim = victim_by_the_rule(&expected, &before);
+            g.record(0x00AB_CD00_0000_0000, 2);
+            for (i, (&now, &was)) in g.table().iter().zip(&before).enumerate() {
+                if i == victim {
+                    proptest::prop_assert_eq!(now & 0xFF, 2);
+                    proptest::prop_assert_eq!((now >> 32) as u32, stamp.wrapping_add(1));
+                } else {
+                    proptest::prop_assert_eq!(now, was);
+                }
+            }
+        }
     }
 
     #[test]

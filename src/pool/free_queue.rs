@@ -276,6 +276,12 @@ impl FreeQueue {
         if left > 0 {
             if self.lists.num_classes() == 1 {
                 self.lists.take_front_run(slab, left, out);
+            } else if self.eviction.policy() == EvictionPolicy::Adaptive {
+                // Two bands, each in credit order: the lower head first, in one walk
+                // (no expiries, nothing to do as a block leaves).
+                let eviction = &self.eviction;
+                self.lists
+                    .take_merged_two(slab, left, out, |id| eviction.credit(id));
             } else {
                 self.apply_expiries(slab);
                 for _ in 0..left {
@@ -359,6 +365,13 @@ impl FreeQueue {
         if self.lists.num_classes() == 1 {
             for &id in ids {
                 self.lists.push_back(slab, 0, id);
+            }
+            return;
+        }
+        if self.eviction.policy() == EvictionPolicy::Adaptive {
+            for &id in ids {
+                let class = self.eviction.adaptive_class_for(id);
+                self.lists.push_back(slab, class, id);
             }
             return;
         }
