@@ -499,11 +499,6 @@ impl BlockPool {
             // first, so that a refused one changes nothing.
             self.check_promotions(new_blocks, &call, block_size)?;
         }
-        // The adaptive policy's (block, fingerprint) pairs, gathered as the keys go in
-        // and handed over once every block is in.
-        let adaptive = self.config.eviction == EvictionPolicy::Adaptive;
-        let mut cached = std::mem::take(&mut self.ghost_scratch);
-        cached.clear();
         for (i, &id) in new_blocks.iter().enumerate() {
             if self.is_null(id) || !call.wanted(i) {
                 continue;
@@ -522,18 +517,13 @@ impl BlockPool {
             };
             if let Some(reason) = problem {
                 self.uncache(&new_blocks[..i], &call);
-                self.ghost_scratch = cached;
                 return Err(PoolError::BlockState {
                     block_id: id,
                     reason,
                 });
             }
             let hash = block_hashes.block_hash(num_cached_blocks + i);
-            let key = BlockHashKey::new(hash, call.group);
-            if adaptive {
-                cached.push((id, Self::fingerprint(&key)));
-            }
-            let slot = self.map.insert(key, id);
+            let slot = self.map.insert(BlockHashKey::new(hash, call.group), id);
             self.slab.get_mut(id).key_slot = slot;
         }
         // Only once every block is in: a refused call leaves the policy untouched.
@@ -547,9 +537,19 @@ impl BlockPool {
                     }
                 }
             }
-            EvictionPolicy::Adaptive => self.queue.eviction_mut().on_cached_many(&cached),
+            EvictionPolicy::Adaptive => {
+                let mut cached = std::mem::take(&mut self.ghost_scratch);
+                cached.clear();
+                for (i, &id) in new_blocks.iter().enumerate() {
+                    if !self.is_null(id) && call.wanted(i) {
+                        let key = self.map.key_at(self.slab.get(id).key_slot);
+                        cached.push((id, Self::fingerprint(key)));
+                    }
+                }
+                self.queue.eviction_mut().on_cached_many(&cached);
+                self.ghost_scratch = cached;
+            }
         }
-        self.ghost_scratch = cached;
         if self.hash_width.is_none() {
             self.hash_width = Some(block_hashes.width());
         }

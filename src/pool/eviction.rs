@@ -748,7 +748,7 @@ impl Eviction {
 
     /// [`class_for`](Self::class_for) under the priority policy: the block's priority
     /// in force now, its expiry queued when it is above the default for a while.
-    #[inline(never)]
+    #[inline(always)]
     fn priority_class_for(&mut self, id: u32) -> usize {
         let retention = self.priorities[id as usize];
         let now = if retention.expires_at.is_some() {
@@ -819,7 +819,7 @@ impl Eviction {
         }
     }
 
-    #[inline(never)]
+    #[inline(always)]
     fn priority_dequeued(&mut self, id: u32) {
         if let Some(seq) = self.expiry_seq.get_mut(id as usize) {
             *seq = u64::MAX;
