@@ -374,6 +374,12 @@ pub fn ids_to_numpy<'py>(py: Python<'py>, ids: &[u32]) -> Bound<'py, PyArray1<i3
 pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<usize> {
     let py = obj.py();
     let mut width = 0usize;
+    // A list's leading plain `bytes` of one width, read in place; the general path
+    // below takes any item after them (and reports what is wrong with it).
+    let list = obj.cast::<PyList>().ok();
+    let read_in_place = list.map_or(0, |list| {
+        super::bytes_reader::extend_hashes(list, &mut width, crate::pool::MAX_HASH_WIDTH, flat)
+    });
     // `count` is the number of hashes in the sequence: room for all of them is
     // reserved once the first fixes the width.
     let mut push = |item: &Bound<'_, PyAny>, count: usize| -> PyResult<()> {
@@ -427,9 +433,9 @@ pub fn extract_hashes(obj: &Bound<'_, PyAny>, flat: &mut Vec<u8>) -> PyResult<us
         }
         return Ok(if flat.is_empty() { 0 } else { 8 });
     }
-    if let Ok(list) = obj.cast::<PyList>() {
-        for item in list.iter() {
-            push(&item, list.len())?;
+    if let Some(list) = list {
+        for i in read_in_place..list.len() {
+            push(&list.get_item(i)?, list.len())?;
         }
     } else if let Ok(tuple) = obj.cast::<PyTuple>() {
         for item in tuple.iter() {
