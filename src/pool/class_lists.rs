@@ -180,28 +180,30 @@ impl ClassLists {
     /// them to `out` with count 1 and no links: the LRU queue's allocation loop.
     #[inline]
     pub fn take_front_run(&mut self, slab: &mut Slab, n: usize, out: &mut Vec<u32>) {
-        let ends = &mut self.ends[0];
-        debug_assert!(n as u32 <= ends.len);
-        let mut id = ends.head;
+        debug_assert!(n as u32 <= self.ends[0].len);
+        let mut id = self.ends[0].head;
         for _ in 0..n {
             out.push(id);
-            let meta = slab.get_mut(id);
-            let next = meta.next;
-            meta.ref_cnt = 1;
-            meta.prev = NIL;
-            meta.next = NIL;
-            id = next;
+            id = take_block(slab, id);
         }
-        ends.head = id;
-        if id == NIL {
+        self.cut_front(slab, 0, id, n as u32);
+    }
+
+    /// Makes `head` the first block of `class`, whose `taken` blocks before it were
+    /// taken out (their links already reset).
+    #[inline(always)]
+    fn cut_front(&mut self, slab: &mut Slab, class: usize, head: u32, taken: u32) {
+        let ends = &mut self.ends[class];
+        ends.head = head;
+        if head == NIL {
             ends.tail = NIL;
         } else {
-            slab.get_mut(id).prev = NIL;
+            slab.get_mut(head).prev = NIL;
         }
-        ends.len -= n as u32;
-        self.len -= n as u32;
+        ends.len -= taken;
+        self.len -= taken;
         if ends.len == 0 {
-            self.nonempty &= !1;
+            self.nonempty &= !(1 << class);
         }
     }
 
@@ -227,29 +229,13 @@ impl ClassLists {
             let class = usize::from(keys[1] < keys[0]);
             let id = heads[class];
             out.push(id);
-            let meta = slab.get_mut(id);
-            let next = meta.next;
-            meta.ref_cnt = 1;
-            meta.prev = NIL;
-            meta.next = NIL;
-            heads[class] = next;
-            keys[class] = key_of(next);
+            heads[class] = take_block(slab, id);
+            keys[class] = key_of(heads[class]);
             taken[class] += 1;
         }
         for class in 0..2 {
-            let ends = &mut self.ends[class];
-            ends.head = heads[class];
-            if heads[class] == NIL {
-                ends.tail = NIL;
-            } else {
-                slab.get_mut(heads[class]).prev = NIL;
-            }
-            ends.len -= taken[class];
-            if ends.len == 0 {
-                self.nonempty &= !(1 << class);
-            }
+            self.cut_front(slab, class, heads[class], taken[class]);
         }
-        self.len -= n as u32;
     }
 
     /// The blocks of `class`, head to tail. Stops after the list's length even if
@@ -261,6 +247,17 @@ impl ClassLists {
             remaining: self.ends[class].len as usize,
         }
     }
+}
+
+/// Marks queued block `id` in use (count 1, no links); returns the block after it.
+#[inline(always)]
+fn take_block(slab: &mut Slab, id: u32) -> u32 {
+    let meta = slab.get_mut(id);
+    let next = meta.next;
+    meta.ref_cnt = 1;
+    meta.prev = NIL;
+    meta.next = NIL;
+    next
 }
 
 /// Iterator over one class's list, head to tail.
