@@ -35,60 +35,21 @@ pub fn extend_hashes(
     max_width: usize,
     flat: &mut Vec<u8>,
 ) -> usize {
-    #[cfg(fast_ints)]
-    {
-        fast::extend_hashes(list, width, max_width, flat)
-    }
     #[cfg(not(fast_ints))]
     {
         let _ = (list, width, max_width, flat);
         0
     }
-}
-
-#[cfg(fast_ints)]
-mod fast {
-    use pyo3::ffi;
-    use pyo3::prelude::*;
-    use pyo3::types::PyList;
-
-    /// The bytes of `obj` if it is an exact `bytes` object.
-    ///
-    /// # Safety
-    /// `obj` must point to a live Python object, the GIL must be held, and nothing may
-    /// run Python code while the slice is alive.
-    #[inline(always)]
-    unsafe fn bytes_of<'a>(obj: *mut ffi::PyObject) -> Option<&'a [u8]> {
-        // SAFETY: `obj` is a live object (the caller's contract), so its header is
-        // readable; only an exact `bytes` is read further, whose layout is
-        // `PyBytesObject` with `ob_size` bytes inline from `ob_sval` (and a NUL after
-        // them). The object outlives the slice: the caller holds the list, which
-        // holds the object, and runs no Python code meanwhile.
-        unsafe {
-            if ffi::Py_TYPE(obj) != &raw mut ffi::PyBytes_Type {
-                return None;
-            }
-            let bytes = obj as *const ffi::PyBytesObject;
-            let len = (*bytes).ob_base.ob_size as usize;
-            let data = (&raw const (*bytes).ob_sval).cast::<u8>();
-            Some(std::slice::from_raw_parts(data, len))
-        }
-    }
-
-    pub fn extend_hashes(
-        list: &Bound<'_, PyList>,
-        width: &mut usize,
-        max_width: usize,
-        flat: &mut Vec<u8>,
-    ) -> usize {
+    #[cfg(fast_ints)]
+    {
         let ptr = list.as_ptr();
         // SAFETY: `ptr` is a live list and the GIL is held (the `Bound`); nothing below
         // runs Python code, so the list and its items stay as they are.
-        let len = unsafe { ffi::PyList_GET_SIZE(ptr) } as usize;
+        let len = unsafe { pyo3::ffi::PyList_GET_SIZE(ptr) } as usize;
         let item = |i: usize| {
             // SAFETY: `i` is below the list's length, so the item is a live object the
-            // list holds a reference to.
-            unsafe { bytes_of(ffi::PyList_GET_ITEM(ptr, i as ffi::Py_ssize_t)) }
+            // list holds a reference to; no Python code runs while its bytes are read.
+            unsafe { fast::bytes_of(pyo3::ffi::PyList_GET_ITEM(ptr, i as pyo3::ffi::Py_ssize_t)) }
         };
         if *width == 0 {
             match (len > 0).then(|| item(0)).flatten() {
@@ -113,5 +74,33 @@ mod fast {
             read += 1;
         }
         read
+    }
+}
+
+#[cfg(fast_ints)]
+mod fast {
+    use pyo3::ffi;
+
+    /// The bytes of `obj` if it is an exact `bytes` object.
+    ///
+    /// # Safety
+    /// `obj` must point to a live Python object, the GIL must be held, and nothing may
+    /// run Python code while the slice is alive.
+    #[inline(always)]
+    pub unsafe fn bytes_of<'a>(obj: *mut ffi::PyObject) -> Option<&'a [u8]> {
+        // SAFETY: `obj` is a live object (the caller's contract), so its header is
+        // readable; only an exact `bytes` is read further, whose layout is
+        // `PyBytesObject` with `ob_size` bytes inline from `ob_sval` (and a NUL after
+        // them). The object outlives the slice: the caller holds the list, which
+        // holds the object, and runs no Python code meanwhile.
+        unsafe {
+            if ffi::Py_TYPE(obj) != &raw mut ffi::PyBytes_Type {
+                return None;
+            }
+            let bytes = obj as *const ffi::PyBytesObject;
+            let len = (*bytes).ob_base.ob_size as usize;
+            let data = (&raw const (*bytes).ob_sval).cast::<u8>();
+            Some(std::slice::from_raw_parts(data, len))
+        }
     }
 }

@@ -360,9 +360,9 @@ impl Ghosts {
             free.trailing_zeros() as usize
         } else {
             let mut best = (0u32, 0usize);
-            for (i, &way) in set.iter().enumerate() {
-                if age(way) > best.0 {
-                    best = (age(way), i);
+            for (i, age) in set.iter().map(|&way| age(way)).enumerate() {
+                if age > best.0 {
+                    best = (age, i);
                 }
             }
             best.1
