@@ -20,6 +20,8 @@ mod _core {
     #[pymodule_export]
     use crate::bindings::eviction_args::ghost_fingerprint;
     #[pymodule_export]
+    use crate::bindings::group_hit::find_group_hit;
+    #[pymodule_export]
     use crate::bindings::group_manager::PyGroupManager;
     #[pymodule_export]
     use crate::bindings::group_tables::PyGroupTables;

@@ -29,12 +29,13 @@ pytestmark = [
 ]
 
 #: File -> least number of its tests that must run on kvpool managers (the in-scope ones:
-#: one full-attention group, no connector, eagle or context parallelism).
+#: full-attention, sliding-window and chunked-local groups without a connector, eagle or
+#: context parallelism; in the single-type file, the tests of those managers' own classes).
 SUITE = {
     "test_prefix_caching.py": 49,
     "test_scheduler.py": 190,
     "test_kv_cache_utils.py": 0,
-    "test_single_type_kv_cache_manager.py": 0,
+    "test_single_type_kv_cache_manager.py": 13,
 }
 
 

@@ -38,6 +38,7 @@ from kvpool._core import (
     __version__,
     compute_none_hash,
     encode_hash_input,
+    find_group_hit,
     ghost_fingerprint,
     hash_value,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "__version__",
     "compute_none_hash",
     "encode_hash_input",
+    "find_group_hit",
     "ghost_fingerprint",
     "hash_value",
 ]

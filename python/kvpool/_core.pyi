@@ -434,6 +434,24 @@ def encode_hash_input(value: object, hash_algo: _HashAlgoName | None = None) -> 
     """
 def hash_value(value: object, hash_algo: _HashAlgoName | None = None) -> bytes:
     """``H(value)`` with ``hash_algo``, as vLLM's hash functions compute it."""
+def find_group_hit(
+    pool: BlockPool,
+    group: _GroupSpec,
+    block_hashes: _HashesLike,
+    max_length: int,
+    *,
+    group_ids: Sequence[int] | None = None,
+    alignment_tokens: int | None = None,
+) -> tuple[tuple[_BlockIds, ...], int]:
+    """The longest prefix hit of ``block_hashes`` (one per ``pool.block_size`` tokens)
+    for one group kind, at most ``max_length`` tokens: ``(blocks per group id,
+    num_tokens)``, the null block where the kind skips a block. ``group`` is a
+    spec as ``GroupTables`` takes it (``"full"``, ``("sliding_window", window)``,
+    ``("chunked_local", chunk)``, optionally with the group's block size, a
+    multiple of the pool's, as a third item); the hit holds for every group of
+    ``group_ids`` (default ``(0,)``) and its length is a multiple of
+    ``alignment_tokens`` (default: the group's block size). Changes nothing.
+    """
 def ghost_fingerprint(block_hash: bytes, group: int | None = None) -> int:
     """The fingerprint by which the adaptive policy's ghost table knows the key
     ``(block_hash, group)``: what ``kvpool.reference`` computes in plain Python, so
@@ -974,6 +992,69 @@ class GroupTables:
         """
     def request_ids(self) -> tuple[_RequestId, ...]:
         """Requests with a table, sorted."""
+    def group_num_blocks_to_allocate(
+        self,
+        request_id: _RequestId,
+        group: int,
+        num_tokens: int,
+        new_computed_blocks: _IdsLike,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        *,
+        admission_cap: int | None = None,
+    ) -> int:
+        """vLLM's ``get_num_blocks_to_allocate`` of one group's manager: the blocks the
+        request needs in ``group`` for ``num_tokens`` tokens, at most
+        ``admission_cap`` held at a time when given, with ``new_computed_blocks``
+        the prefix hit it would add (hit blocks in the free queue count). Changes
+        nothing.
+        """
+    def group_add_computed_blocks(
+        self,
+        request_id: _RequestId,
+        group: int,
+        new_computed_blocks: _IdsLike,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """vLLM's ``add_local_computed_blocks`` of one group's manager: the request's
+        ``group`` table, which must be empty, takes the prefix hit (touched), the
+        null block standing for blocks the group's window skips.
+        """
+    def group_allocate_external(
+        self,
+        request_id: _RequestId,
+        group: int,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        record_for_zeroing: bool | None = None,
+    ) -> None:
+        """vLLM's ``allocate_external_computed_blocks`` of one group's manager: blocks
+        for the connector-computed tokens the group keeps (recorded for zeroing when
+        ``record_for_zeroing`` and the tables record). All or nothing.
+        """
+    def group_allocate_new_blocks(
+        self, request_id: _RequestId, group: int, num_tokens: int
+    ) -> _BlockIds:
+        """vLLM's ``allocate_new_blocks`` of one group's manager: the new blocks (int32)
+        that give the request's ``group`` table room for ``num_tokens`` tokens. All or
+        nothing.
+        """
+    def group_adopt_blocks(self, request_id: _RequestId, group: int, ids: _IdsLike) -> None:
+        """Hands the request's ``group`` table, which must be empty, the blocks ``ids``
+        (as vLLM's tests assign ``req_to_blocks[request_id]``): a block the caller
+        holds passes its reference to the table, a free block is taken out of the
+        free queue first; the null block may stand anywhere, no other block twice.
+        """
+    def pop_tables(self, request_id: _RequestId) -> tuple[_BlockIds, ...] | None:
+        """vLLM's ``pop_blocks_for_free``: forgets the request and returns its blocks,
+        one int32 array per group, without freeing them (the caller now holds their
+        references); ``None`` for an unknown request.
+        """
+    def num_skipped_tokens(self, group: int, num_computed_tokens: int) -> int:
+        """vLLM's ``get_num_skipped_tokens`` of ``group``: the leading tokens the next
+        token does not attend to once ``num_computed_tokens`` are computed.
+        """
     def check_invariants(self) -> None:
         """Raises ``InvariantError`` if the pool or the tables are inconsistent."""
 

@@ -123,6 +123,11 @@ pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<
     }
 }
 
+/// A count of tokens or blocks: an int from 0 up.
+fn count_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    Ok(int_arg(obj, what, 0, i64::MAX)? as usize)
+}
+
 /// Per-group block ids from a sequence of id arrays, flat with offsets.
 pub(super) fn group_ids(
     obj: &Bound<'_, PyAny>,
@@ -180,6 +185,11 @@ impl PyGroupTables {
     ) -> R {
         let pool = self.pool.get();
         self.with_tables(py, |tables| pool.with_pool(py, |pool| f(tables, pool)))
+    }
+
+    /// A group index of the layout.
+    fn group_arg(&self, group: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok(int_arg(group, "group", 0, self.specs.len() as i64 - 1)? as usize)
     }
 
     /// Block hashes of `request` past those the tables know: `(from, width, flat)`.
@@ -568,6 +578,153 @@ impl PyGroupTables {
             .map(|id| request_id_to_py(py, id))
             .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(py, items)
+    }
+
+    /// vLLM's ``get_num_blocks_to_allocate`` of one group's manager: the blocks the
+    /// request needs in ``group`` for ``num_tokens`` tokens, at most
+    /// ``admission_cap`` held at a time when given, with ``new_computed_blocks``
+    /// the prefix hit it would add (hit blocks in the free queue count). Changes
+    /// nothing.
+    #[pyo3(signature = (request_id, group, num_tokens, new_computed_blocks, total_computed_tokens, num_local_computed_tokens, *, admission_cap=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn group_num_blocks_to_allocate(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        group: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+        new_computed_blocks: &Bound<'_, PyAny>,
+        total_computed_tokens: &Bound<'_, PyAny>,
+        num_local_computed_tokens: &Bound<'_, PyAny>,
+        admission_cap: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let id = super::requests::request_key(request_id)?;
+        let g = self.group_arg(group)?;
+        let num_tokens = count_arg(num_tokens, "num_tokens")?;
+        let mut hits = Vec::new();
+        extract_block_ids(new_computed_blocks, self.config.num_blocks, &mut hits)?;
+        let total = count_arg(total_computed_tokens, "total_computed_tokens")?;
+        let local = count_arg(num_local_computed_tokens, "num_local_computed_tokens")?;
+        let cap = opt_int_arg(admission_cap, "admission_cap", 0, i64::MAX)?.map(|n| n as usize);
+        self.with_tables_and_pool(py, |t, p| {
+            t.group_num_blocks_to_allocate(p, id, g, num_tokens, &hits, total, local, cap)
+        })
+        .py_err(py)
+    }
+
+    /// vLLM's ``add_local_computed_blocks`` of one group's manager: the request's
+    /// ``group`` table, which must be empty, takes the prefix hit (touched), the
+    /// null block standing for blocks the group's window skips.
+    fn group_add_computed_blocks(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        group: &Bound<'_, PyAny>,
+        new_computed_blocks: &Bound<'_, PyAny>,
+        num_local_computed_tokens: &Bound<'_, PyAny>,
+        num_external_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_key(request_id)?;
+        let g = self.group_arg(group)?;
+        let mut hits = Vec::new();
+        extract_block_ids(new_computed_blocks, self.config.num_blocks, &mut hits)?;
+        let local = count_arg(num_local_computed_tokens, "num_local_computed_tokens")?;
+        let ext = count_arg(num_external_computed_tokens, "num_external_computed_tokens")?;
+        self.with_tables_and_pool(py, |t, p| {
+            t.group_add_computed_blocks(p, id, g, &hits, local, ext)
+        })
+        .py_err(py)
+    }
+
+    /// vLLM's ``allocate_external_computed_blocks`` of one group's manager: blocks
+    /// for the connector-computed tokens the group keeps (recorded for zeroing when
+    /// ``record_for_zeroing`` and the tables record). All or nothing.
+    #[pyo3(signature = (request_id, group, num_local_computed_tokens, num_external_computed_tokens, record_for_zeroing=None))]
+    fn group_allocate_external(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        group: &Bound<'_, PyAny>,
+        num_local_computed_tokens: &Bound<'_, PyAny>,
+        num_external_computed_tokens: &Bound<'_, PyAny>,
+        record_for_zeroing: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_key(request_id)?;
+        let g = self.group_arg(group)?;
+        let local = count_arg(num_local_computed_tokens, "num_local_computed_tokens")?;
+        let ext = count_arg(num_external_computed_tokens, "num_external_computed_tokens")?;
+        let record = opt_bool_arg(record_for_zeroing, "record_for_zeroing", true)?;
+        self.with_tables_and_pool(py, |t, p| {
+            t.group_allocate_external(p, id, g, local, ext, record)
+        })
+        .py_err(py)
+    }
+
+    /// vLLM's ``allocate_new_blocks`` of one group's manager: the new blocks (int32)
+    /// that give the request's ``group`` table room for ``num_tokens`` tokens. All or
+    /// nothing.
+    fn group_allocate_new_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+        group: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let id = super::requests::request_key(request_id)?;
+        let g = self.group_arg(group)?;
+        let num_tokens = count_arg(num_tokens, "num_tokens")?;
+        let mut out = Vec::new();
+        self.with_tables_and_pool(py, |t, p| {
+            t.group_allocate_new_blocks(p, id, g, num_tokens, &mut out)
+        })
+        .py_err(py)?;
+        Ok(ids_to_numpy(py, &out))
+    }
+
+    /// Hands the request's ``group`` table, which must be empty, the blocks ``ids``
+    /// (as vLLM's tests assign ``req_to_blocks[request_id]``): a block the caller
+    /// holds passes its reference to the table, a free block is taken out of the
+    /// free queue first; the null block may stand anywhere, no other block twice.
+    fn group_adopt_blocks(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        group: &Bound<'_, PyAny>,
+        ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_key(request_id)?;
+        let g = self.group_arg(group)?;
+        let mut blocks = Vec::new();
+        extract_block_ids(ids, self.config.num_blocks, &mut blocks)?;
+        self.with_tables_and_pool(py, |t, p| t.group_adopt_blocks(p, id, g, &blocks))
+            .py_err(py)
+    }
+
+    /// vLLM's ``pop_blocks_for_free``: forgets the request and returns its blocks,
+    /// one int32 array per group, without freeing them (the caller now holds their
+    /// references); ``None`` for an unknown request.
+    fn pop_tables<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let id = super::requests::request_key(request_id)?;
+        let Some(groups) = self.with_tables(py, |t| t.pop_tables(id)) else {
+            return Ok(None);
+        };
+        PyTuple::new(py, groups.iter().map(|b| ids_to_numpy(py, b))).map(Some)
+    }
+
+    /// vLLM's ``get_num_skipped_tokens`` of ``group``: the leading tokens the next
+    /// token does not attend to once ``num_computed_tokens`` are computed.
+    fn num_skipped_tokens(
+        &self,
+        group: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let g = self.group_arg(group)?;
+        let n = count_arg(num_computed_tokens, "num_computed_tokens")?;
+        Ok(self.specs[g].num_skipped_tokens(n))
     }
 
     /// Raises ``InvariantError`` if the pool or the tables are inconsistent.

@@ -9,6 +9,7 @@ pub mod convert;
 pub mod errors;
 pub mod events;
 pub mod eviction_args;
+pub mod group_hit;
 pub mod group_manager;
 pub mod group_tables;
 pub mod hash_list;

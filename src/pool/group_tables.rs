@@ -28,6 +28,7 @@ use super::block_pool::{BlockPool, CacheBlocks};
 use super::error::{PoolError, PoolResult};
 use super::eviction::BlockPriority;
 use super::group_hits::{find_longest_hit, GroupHit};
+use super::group_steps::{allocate_external, check_hit_boundary, grow_to};
 use super::hash_key::HashSlice;
 use super::known_hashes::KnownHashes;
 use super::kv_groups::{AttentionKind, KvGroups};
@@ -160,15 +161,15 @@ impl<'a> GroupSlotCall<'a> {
 
 /// One request: a table per group, and its block hashes.
 #[derive(Clone, Debug)]
-struct Table {
-    blocks: Vec<Vec<u32>>,
+pub(super) struct Table {
+    pub(super) blocks: Vec<Vec<u32>>,
     /// vLLM's per-manager `num_cached_block[request_id]`.
-    num_cached: Vec<Option<usize>>,
+    pub(super) num_cached: Vec<Option<usize>>,
     hashes: KnownHashes,
 }
 
 impl Table {
-    fn new(num_groups: usize) -> Self {
+    pub(super) fn new(num_groups: usize) -> Self {
         Self {
             blocks: vec![Vec::new(); num_groups],
             num_cached: vec![None; num_groups],
@@ -177,7 +178,7 @@ impl Table {
     }
 
     /// A request some group tracks as running takes no new hits.
-    fn running(&self) -> bool {
+    pub(super) fn running(&self) -> bool {
         self.num_cached.iter().any(Option::is_some)
     }
 }
@@ -185,12 +186,12 @@ impl Table {
 /// Block tables for the groups of one layout.
 #[derive(Debug)]
 pub struct GroupTables {
-    layout: KvGroups,
-    tables: HashMap<RequestId, Table>,
+    pub(super) layout: KvGroups,
+    pub(super) tables: HashMap<RequestId, Table>,
     max_model_len: usize,
     max_in_flight_tokens: usize,
     /// Per group, the blocks allocated since the last take, when recording.
-    new_block_ids: Option<Vec<Vec<u32>>>,
+    pub(super) new_block_ids: Option<Vec<Vec<u32>>>,
 }
 
 impl GroupTables {
@@ -278,7 +279,7 @@ impl GroupTables {
         self.tables.keys()
     }
 
-    fn null(pool: &BlockPool) -> PoolResult<u32> {
+    pub(super) fn null(pool: &BlockPool) -> PoolResult<u32> {
         pool.null_block().ok_or_else(|| {
             PoolError::InvalidArgument(
                 "KV-cache groups need a pool with a null block (null_block=True)".into(),
@@ -313,9 +314,10 @@ impl GroupTables {
         Ok(find_longest_hit(pool, &self.layout, hashes, max_length))
     }
 
-    /// vLLM's `get_num_blocks_to_allocate` for group `g`.
+    /// vLLM's `get_num_blocks_to_allocate` for group `g`, the blocks it needs for
+    /// `num_tokens` held at most `cap` at a time (vLLM's admission cap) when given.
     #[allow(clippy::too_many_arguments)]
-    fn group_blocks_to_allocate(
+    pub(super) fn group_blocks_to_allocate(
         &self,
         pool: &BlockPool,
         table: Option<&Table>,
@@ -323,15 +325,13 @@ impl GroupTables {
         num_tokens: usize,
         hits: &[u32],
         total_computed: usize,
-        apply_cap: bool,
+        cap: Option<usize>,
     ) -> usize {
         let spec = &self.layout.specs()[g];
         let bs = spec.block_size;
         let mut required = num_tokens.div_ceil(bs);
-        if apply_cap {
-            if let Some(cap) = spec.admission_cap(self.max_in_flight_tokens, self.max_model_len) {
-                required = required.min(cap);
-            }
+        if let Some(cap) = cap {
+            required = required.min(cap);
         }
         let held = table.map_or(0, |t| t.blocks[g].len());
         if table.is_some_and(|t| t.num_cached[g].is_some()) {
@@ -357,15 +357,13 @@ impl GroupTables {
         (0..self.layout.len())
             .map(|g| {
                 let h = hits.map_or(&[][..], |h| h.group(g));
-                self.group_blocks_to_allocate(
-                    pool,
-                    table,
-                    g,
-                    num_tokens,
-                    h,
-                    total_computed,
-                    apply_cap,
-                )
+                let cap = apply_cap
+                    .then(|| {
+                        self.layout.specs()[g]
+                            .admission_cap(self.max_in_flight_tokens, self.max_model_len)
+                    })
+                    .flatten();
+                self.group_blocks_to_allocate(pool, table, g, num_tokens, h, total_computed, cap)
             })
             .sum()
     }
@@ -423,11 +421,8 @@ impl GroupTables {
         pool.check_ids(hits.flat)?;
         let num_local = call.num_computed_tokens + call.num_new_computed_tokens;
         for (g, spec) in self.layout.specs().iter().enumerate() {
-            if !hits.group(g).is_empty() && num_local % spec.block_size != 0 {
-                return Err(PoolError::InvalidArgument(format!(
-                    "a hit must end on a block boundary: {num_local} computed tokens, blocks of {}",
-                    spec.block_size
-                )));
+            if !hits.group(g).is_empty() {
+                check_hit_boundary(spec, num_local)?;
             }
         }
         Ok(())
@@ -490,7 +485,6 @@ impl GroupTables {
             ..
         } = self;
         let specs = layout.specs();
-        let caching = pool.config().enable_caching;
         let table = tables
             .entry_ref(&id)
             .or_insert_with(|| Table::new(specs.len()));
@@ -503,49 +497,20 @@ impl GroupTables {
             // allocated, so no allocation can evict another group's hit.
             for (g, spec) in specs.iter().enumerate() {
                 let hits = call.new_computed_blocks.map_or(&[][..], |h| h.group(g));
-                let skipped = spec.num_skipped_tokens(num_local + ext) / spec.block_size;
-                let hits = &hits[skipped.min(hits.len())..];
-                if caching {
-                    pool.touch(hits)?;
-                    if let Some(priority) = call.priority {
-                        pool.set_priority(hits, priority, true)?;
-                    }
-                }
-                let blocks = &mut table.blocks[g];
-                if blocks.is_empty() {
-                    // Skipped blocks are held as the null block.
-                    blocks.resize(skipped, null);
-                }
-                blocks.extend_from_slice(hits);
-                table.num_cached[g] = Some(blocks.len());
+                table.adopt_hits(pool, g, spec, hits, num_local + ext, null, call.priority)?;
             }
             first_new = table.blocks.iter().map(Vec::len).collect();
             if ext > 0 {
                 for (g, spec) in specs.iter().enumerate() {
-                    let all = num_local + ext;
-                    let skipped = spec.num_skipped_tokens(all);
-                    let ext_kept = if skipped > 0 {
-                        (all - skipped).min(ext)
-                    } else {
-                        ext
-                    };
-                    if ext_kept == 0 {
-                        continue;
-                    }
-                    let blocks = &mut table.blocks[g];
-                    let want = all.div_ceil(spec.block_size).saturating_sub(blocks.len());
-                    pool.get_new_blocks(want, blocks)?;
+                    allocate_external(pool, spec, &mut table.blocks[g], num_local, ext)?;
                 }
             }
         }
         offsets.push(out.len());
         for (g, spec) in specs.iter().enumerate() {
             let blocks = &mut table.blocks[g];
-            let want = need_slots
-                .div_ceil(spec.block_size)
-                .saturating_sub(blocks.len());
             let start = out.len();
-            pool.get_new_blocks(want, out)?;
+            grow_to(pool, spec, blocks, need_slots, out)?;
             blocks.extend_from_slice(&out[start..]);
             offsets.push(out.len());
             if let Some(ids) = new_block_ids {

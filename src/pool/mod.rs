@@ -19,6 +19,7 @@ mod eviction;
 mod free_queue;
 mod group_hits;
 mod group_manager;
+mod group_steps;
 mod group_tables;
 mod hash_key;
 pub mod hashing;
