@@ -57,6 +57,34 @@ ERRORS: list[tuple[str, type[BaseException], Any]] = [
     ("cache_blocks with hashes of another width", kvpool.HashWidthError,
      lambda t: t.cache_blocks("a", np.array([7], dtype=np.uint64), 21, 21)),
     ("cache_blocks with a bad count", kvpool.InvalidArgumentError, lambda t: t.cache_blocks("a", HASHES, -1, 21)),
+    ("a per-group step on a group that does not exist", kvpool.InvalidArgumentError,
+     lambda t: t.group_allocate_new_blocks("a", 2, 40)),
+    ("a per-group allocation beyond the free blocks", kvpool.NoFreeBlocksError,
+     lambda t: t.group_allocate_new_blocks("b", 0, 1000)),
+    ("connector blocks beyond the free blocks", kvpool.NoFreeBlocksError,
+     lambda t: t.group_allocate_external("b", 0, 0, 1000)),
+    ("a per-group hit for a table that has blocks", kvpool.InvalidArgumentError,
+     lambda t: t.group_add_computed_blocks("a", 0, [30], 4, 0)),
+    ("a per-group hit off a block boundary", kvpool.InvalidArgumentError,
+     lambda t: t.group_add_computed_blocks("b", 0, [30], 2, 0)),
+    ("a per-group count with a hit for a running request", kvpool.InvalidArgumentError,
+     lambda t: t.group_num_blocks_to_allocate("a", 0, 24, [30], 20, 20)),
+    ("a per-group count with a negative token count", kvpool.InvalidArgumentError,
+     lambda t: t.group_num_blocks_to_allocate("b", 0, -1, [], 0, 0)),
+    ("handing a table the same block twice", kvpool.InvalidArgumentError,
+     lambda t: t.group_adopt_blocks("b", 0, [30, 0, 30])),
+    ("handing a table an id out of range", kvpool.InvalidBlockIdError,
+     lambda t: t.group_adopt_blocks("b", 0, [30, 99])),
+    ("handing blocks to a table that has some", kvpool.InvalidArgumentError,
+     lambda t: t.group_adopt_blocks("a", 0, [30])),
+    ("find_group_hit with a window of 0", kvpool.InvalidArgumentError,
+     lambda t: kvpool.find_group_hit(t.pool, ("sliding_window", 0), HASHES, 8)),
+    ("find_group_hit with no group ids", kvpool.InvalidArgumentError,
+     lambda t: kvpool.find_group_hit(t.pool, "full", HASHES, 8, group_ids=[])),
+    ("find_group_hit with hashes of another width", kvpool.HashWidthError,
+     lambda t: kvpool.find_group_hit(t.pool, "full", [b"x" * 16], 8)),
+    ("find_group_hit on something that is not a pool", kvpool.DtypeError,
+     lambda t: kvpool.find_group_hit(t, "full", HASHES, 8)),
 ]
 
 
@@ -114,3 +142,42 @@ def test_groups_of_larger_blocks() -> None:
     for bad in ([("full", None, 24)], [("sliding_window", 64, 0)], [("full", 3, 32)]):
         with pytest.raises(kvpool.InvalidArgumentError):
             kvpool.GroupTables(pool, bad, max_model_len=512)
+
+
+def test_per_group_steps_give_what_allocate_slots_gives() -> None:
+    """vLLM's coordinator calls each group's steps in turn (add the hit to every group, then
+    allocate new blocks group by group); ``allocate_slots`` runs the same rules in one call."""
+    one_call, steps = tables(), tables()
+    for t in (one_call, steps):
+        t.free("a")
+    blocks, hit, _ = one_call.find_longest_cache_hit(HASHES, 23)
+    assert hit == 20
+    assert [g.tolist() for g in blocks] == [g.tolist() for g in steps.find_longest_cache_hit(HASHES, 23)[0]]
+    for g, spec in enumerate(GROUPS):
+        # Each group's own search finds what the combined one gives it.
+        alone, n = kvpool.find_group_hit(steps.pool, spec, HASHES, 23, group_ids=[g], alignment_tokens=BS)
+        assert n == hit and alone[0].tolist() == blocks[g].tolist()
+    need = [steps.group_num_blocks_to_allocate("b", g, 28, blocks[g], hit, hit) for g in range(2)]
+    one_call.allocate_slots("b", 0, 28, 28, HASHES, 8, num_new_computed_tokens=hit,
+                            new_computed_blocks=blocks, delay_cache_blocks=True)
+    free = steps.pool.get_num_free_blocks()
+    for g in range(2):
+        steps.group_add_computed_blocks("b", g, blocks[g], hit, 0)
+    new = [steps.group_allocate_new_blocks("b", g, 28).tolist() for g in range(2)]
+    assert free - steps.pool.get_num_free_blocks() == sum(need)
+    assert [len(n) for n in new] == [2, 2]
+    for t in (one_call, steps):
+        t.check_invariants()
+    assert [g.tolist() for g in steps.get_blocks("b")] == [g.tolist() for g in one_call.get_blocks("b")]
+    assert steps.pool.free_block_ids().tolist() == one_call.pool.free_block_ids().tolist()
+    assert steps.pool.ref_counts().tolist() == one_call.pool.ref_counts().tolist()
+    assert [steps.num_cached_blocks("b", g) for g in range(2)] == [one_call.num_cached_blocks("b", g)
+                                                                   for g in range(2)]
+    # Popping hands the tables over unfreed; freeing them by hand gives the blocks back.
+    popped = steps.pop_tables("b")
+    assert popped is not None and "b" not in steps.request_ids()
+    assert steps.pop_tables("b") is None
+    for ids in popped:
+        steps.pool.free_blocks([i for i in ids[::-1].tolist() if i != 0])
+    one_call.free("b")
+    assert steps.pool.get_num_free_blocks() == one_call.pool.get_num_free_blocks()
