@@ -212,6 +212,11 @@ def test_an_assigned_table_takes_free_blocks_and_is_kept_up_to_date(manager: Any
     assert manager.req_to_blocks["r"] is table
     assert ids(table) == [0, 0, 7, 8]
     assert held[0].ref_cnt == 0
+    with pytest.raises(kvpool.InvalidArgumentError, match="has a table already"):
+        manager.req_to_blocks["r"] = [pool.blocks[6]]
+    # Block 7's one reference is the table's: no other table can be handed it.
+    with pytest.raises(kvpool.InvalidArgumentError, match="caller holds none"):
+        manager.req_to_blocks["s"] = [pool.blocks[7]]
     manager.free("r")
     assert "r" not in manager.req_to_blocks
     assert pool.get_num_free_blocks() == 9

@@ -9,6 +9,8 @@
 //! drive one group at a time (kvpool.vllm's stand-ins for vLLM's per-type
 //! managers). Each checks its inputs before it changes anything.
 
+use hashbrown::HashMap;
+
 use super::block_pool::BlockPool;
 use super::error::{PoolError, PoolResult};
 use super::eviction::BlockPriority;
@@ -264,9 +266,9 @@ impl GroupTables {
 
     /// Hands request `id`'s group-`g` table, which must be empty, the blocks
     /// `ids` (vLLM's tests assign `req_to_blocks[request_id]` directly). A block
-    /// the caller holds passes its reference to the table; a free block is taken
-    /// out of the free queue first (touched), so that no table holds a block the
-    /// pool counts as free. (vLLM keeps such a block free and takes its count
+    /// the caller holds (a reference no table here accounts for) passes its
+    /// reference to the table; a free block is taken out of the free queue first
+    /// (touched), so that no table holds a block the pool counts as free. (vLLM keeps such a block free and takes its count
     /// below zero when the table gives it back.) The null block may stand
     /// anywhere; no other block twice.
     pub fn group_adopt_blocks(
@@ -296,15 +298,39 @@ impl GroupTables {
                 w[0]
             )));
         }
-        let free: Vec<u32> = seen
+        let (free, held): (Vec<u32>, Vec<u32>) = seen
             .into_iter()
-            .filter(|&b| pool.ref_count(b).is_ok_and(|c| c == 0))
-            .collect();
+            .partition(|&b| pool.ref_count(b).is_ok_and(|c| c == 0));
+        self.check_caller_holds(pool, &held)?;
         self.with_table(id, |table, _| {
             pool.touch(&free)?;
             table.blocks[g] = ids.to_vec();
             Ok(())
         })
+    }
+
+    /// Each of `held` has a reference no table here accounts for, one the caller
+    /// can hand over.
+    fn check_caller_holds(&self, pool: &BlockPool, held: &[u32]) -> PoolResult<()> {
+        if held.is_empty() {
+            return Ok(());
+        }
+        let mut named: HashMap<u32, u32> = held.iter().map(|&b| (b, 0)).collect();
+        for blocks in self.tables.values().flat_map(|t| &t.blocks) {
+            for b in blocks {
+                if let Some(n) = named.get_mut(b) {
+                    *n += 1;
+                }
+            }
+        }
+        for &b in held {
+            if named[&b] >= pool.ref_count(b)? {
+                return Err(PoolError::InvalidArgument(format!(
+                    "block {b}'s references are all held by block tables: the caller holds none to hand over"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// vLLM's `pop_blocks_for_free` for every group: forgets request `id` and
@@ -393,6 +419,11 @@ mod tests {
         assert_eq!(pool.ref_count(held[0]).unwrap(), 1);
         assert_eq!(pool.ref_count(free).unwrap(), 1);
         assert!(tables.check_invariants(&pool).is_ok());
+        // Block `held`'s one reference is the table's now: no other table takes it.
+        let other = key("s");
+        assert!(tables
+            .group_adopt_blocks(&mut pool, other.key(), 0, &[held[0]])
+            .is_err());
         tables.free(&mut pool, id.key()).unwrap();
         assert_eq!(pool.num_free_blocks(), 7);
     }

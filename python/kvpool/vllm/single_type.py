@@ -15,9 +15,9 @@ What differs from vLLM's classes, by design:
 - Block hashes of another width than 32 bytes (vLLM's SHA-256 digests) are keyed by a
   SHA-256 digest of the hash, since a kvpool pool holds keys of one width: vLLM's tests key
   blocks by ``str(i).encode()``. The pool's ``block_hash`` shows that digest.
-- Assigning ``req_to_blocks[request_id]`` hands the table its blocks: a block the caller
-  holds (from ``get_new_blocks``) passes its reference to the table; a free block is taken
-  out of the free queue. vLLM's dict keeps such a block free and takes its reference count
+- Assigning ``req_to_blocks[request_id]`` (a request without a table) hands the table its
+  blocks: a block the caller holds (from ``get_new_blocks``) passes its reference to the
+  table; a free block is taken out of the free queue. vLLM's dict keeps such a block free and takes its reference count
   below zero when ``remove_skipped_blocks`` gives it back; kvpool never does. The list
   assigned stays the request's table: calls that change the table update it in place.
 - Inserting a key for a free block (``cached_block_hash_to_block.insert``) moves it to the
@@ -164,8 +164,9 @@ class _RequestBlocks(MutableMapping[str, list[Any]]):
 
     def __setitem__(self, request_id: str, blocks: Any) -> None:
         if request_id in self:
-            # vLLM's dict would drop the old table's references on the floor: give them back.
-            self._manager.free(request_id)
+            # vLLM's dict would drop the old table's references on the floor.
+            raise kvpool.InvalidArgumentError(
+                f"request {request_id!r} has a table already: free it or pop it first")
         self._manager._tables.group_adopt_blocks(request_id, 0, block_ids_of(blocks))
         held = blocks if isinstance(blocks, list) else list(blocks)
         self._lists[request_id] = held
