@@ -37,6 +37,22 @@ pub struct PyBlockPool {
     recycled: RecycledIds,
 }
 
+/// `obj` as a `kvpool.BlockPool`, or a `DtypeError` naming what it is.
+pub(super) fn pool_arg<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+) -> PyResult<&'a Bound<'py, PyBlockPool>> {
+    obj.cast::<PyBlockPool>().map_err(|_| {
+        error(
+            obj.py(),
+            ErrorKind::Dtype,
+            format!(
+                "pool must be a kvpool.BlockPool, got {}",
+                super::convert::type_name(obj)
+            ),
+        )
+    })
+}
+
 impl PyBlockPool {
     /// Runs `f` on the core pool under its lock (`locking.rs`); `f` returns plain data.
     #[inline]

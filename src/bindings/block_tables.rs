@@ -7,10 +7,10 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::block_pool::PyBlockPool;
+use super::block_pool::{pool_arg, PyBlockPool};
 use super::convert::{
     extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
-    type_name, with_scratch,
+    with_scratch,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
@@ -170,13 +170,7 @@ impl PyBlockTables {
         max_model_len: &Bound<'_, PyAny>,
         record_new_block_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let pool = pool.cast::<PyBlockPool>().map_err(|_| {
-            error(
-                py,
-                ErrorKind::Dtype,
-                format!("pool must be a kvpool.BlockPool, got {}", type_name(pool)),
-            )
-        })?;
+        let pool = pool_arg(pool)?;
         let max_model_len = int_arg(max_model_len, "max_model_len", 1, i64::MAX)? as usize;
         let record = opt_bool_arg(record_new_block_ids, "record_new_block_ids", false)?;
         let inner = BlockTables::new(max_model_len, record).py_err(py)?;

@@ -5,8 +5,8 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::block_pool::PyBlockPool;
-use super::convert::{extract_hashes_after, ids_to_numpy, int_arg, opt_int_arg, type_name};
+use super::block_pool::pool_arg;
+use super::convert::{extract_hashes_after, ids_to_numpy, int_arg, opt_int_arg};
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::group_tables::group_spec;
 use super::hashing::hash_slice_of;
@@ -31,13 +31,7 @@ pub fn find_group_hit<'py>(
     group_ids: Option<&Bound<'py, PyAny>>,
     alignment_tokens: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyTuple>, usize)> {
-    let pool = pool.cast::<PyBlockPool>().map_err(|_| {
-        error(
-            py,
-            ErrorKind::Dtype,
-            format!("pool must be a kvpool.BlockPool, got {}", type_name(pool)),
-        )
-    })?;
+    let pool = pool_arg(pool)?;
     let hash_block_size = pool.get().config.block_size as usize;
     let spec = group_spec(group, hash_block_size)?;
     // The layout checks the spec (its window, chunk and block size).

@@ -8,7 +8,7 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-use super::block_pool::PyBlockPool;
+use super::block_pool::{pool_arg, PyBlockPool};
 use super::convert::{
     extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
     type_name,
@@ -307,13 +307,7 @@ impl PyGroupTables {
         retention_interval: Option<&Bound<'_, PyAny>>,
         record_new_block_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let pool = pool.cast::<PyBlockPool>().map_err(|_| {
-            error(
-                py,
-                ErrorKind::Dtype,
-                format!("pool must be a kvpool.BlockPool, got {}", type_name(pool)),
-            )
-        })?;
+        let pool = pool_arg(pool)?;
         let config = pool.get().config.clone();
         let block_size = config.block_size as usize;
         let iter = groups.try_iter().map_err(|_| {

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
-use super::block_pool::PyBlockPool;
+use super::block_pool::{pool_arg, PyBlockPool};
 use super::convert::{extract_i64s, int_arg};
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
@@ -59,20 +59,7 @@ impl PyComputedBlocksTracker {
         hash_algo: Option<&Bound<'_, PyAny>>,
         seed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let pool = pool
-            .cast::<PyBlockPool>()
-            .map_err(|_| {
-                error(
-                    py,
-                    ErrorKind::Dtype,
-                    format!(
-                        "pool must be a kvpool.BlockPool, got {}",
-                        super::convert::type_name(pool)
-                    ),
-                )
-            })?
-            .clone()
-            .unbind();
+        let pool = pool_arg(pool)?.clone().unbind();
         let block_size = int_arg(block_size, "block_size", 1, u32::MAX as i64)? as usize;
         let pool_block_size = pool.bind(py).get().config.block_size as usize;
         if block_size != pool_block_size {
