@@ -3,11 +3,12 @@ vLLM 0.33's own classes, step by step, and its checks.
 
 Each random workload drives one manager of each side with the same calls, as vLLM's
 coordinator does: a new request looks up its prefix hit (``find_longest_cache_hit``), counts
-the blocks it needs, adds the hit, allocates new blocks and caches them; a running request
+the blocks it needs (with and without the admission cap), adds the hit, allocates blocks for
+tokens a connector computed now and then, allocates new blocks and caches them; a running request
 decodes (gives back out-of-window blocks, counts, allocates, caches); finished requests are
 freed or popped and freed by hand. After every call, every result and the state must be
 equal: hits, counts, new block ids, each request's table and cached-block count, the free
-count and the free queue's order. vLLM's ``test_single_type_kv_cache_manager.py`` itself runs
+count and the free queue's order. A quarter of the workloads run without prefix caching. vLLM's ``test_single_type_kv_cache_manager.py`` itself runs
 on these classes in ``tests/test_vllm.py``.
 """
 
@@ -37,7 +38,8 @@ def vllm_spec(kind: str, n: int | None, block_size: int) -> Any:
     return ChunkedLocalAttentionSpec(**common, attention_chunk_size=n)
 
 
-def build(kind: str, n: int | None, block_size: int, num_blocks: int, kvpool_side: bool) -> tuple[Any, Any]:
+def build(kind: str, n: int | None, block_size: int, num_blocks: int, kvpool_side: bool, caching: bool = True,
+          cap: int = 10**9) -> tuple[Any, Any]:
     """A block pool and a manager of one side."""
     if kvpool_side:
         from kvpool.vllm import single_type as classes
@@ -48,9 +50,9 @@ def build(kind: str, n: int | None, block_size: int, num_blocks: int, kvpool_sid
     spec = vllm_spec(kind, n, block_size)
     manager_class = {"full": classes.FullAttentionManager, "sliding_window": classes.SlidingWindowManager,
                      "chunked_local": classes.ChunkedLocalAttentionManager}[kind]
-    pool = BlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=block_size)
-    manager = manager_class(spec, block_pool=pool, enable_caching=True, kv_cache_group_id=0,
-                            scheduler_block_size=block_size, max_admission_blocks_per_request=10**9)
+    pool = BlockPool(num_gpu_blocks=num_blocks, enable_caching=caching, hash_block_size=block_size)
+    manager = manager_class(spec, block_pool=pool, enable_caching=caching, kv_cache_group_id=0,
+                            scheduler_block_size=block_size, max_admission_blocks_per_request=cap)
     return pool, manager
 
 
@@ -73,8 +75,9 @@ def ids(blocks: Any) -> list[int]:
 class Sides:
     """The two sides, called alike; every call's results compared."""
 
-    def __init__(self, kind: str, n: int | None, block_size: int, num_blocks: int) -> None:
-        self.sides = [build(kind, n, block_size, num_blocks, kvpool_side) for kvpool_side in (False, True)]
+    def __init__(self, kind: str, n: int | None, block_size: int, num_blocks: int, caching: bool, cap: int) -> None:
+        self.sides = [build(kind, n, block_size, num_blocks, kvpool_side, caching, cap)
+                      for kvpool_side in (False, True)]
         self.spec = vllm_spec(kind, n, block_size)
         self.block_size = block_size
         self.cls = [type(m) for _, m in self.sides]
@@ -96,7 +99,10 @@ def run_workload(seed: int, kind: str, n: int | None) -> tuple[int, int]:
     """One workload: the steps taken and the hit tokens found."""
     rng = random.Random(seed)
     block_size = rng.choice([2, 4])
-    sides = Sides(kind, n, block_size, rng.randint(12, 48))
+    # Every fourth workload runs without prefix caching; caps on what a request holds are
+    # checked where the scheduler applies them (admission).
+    caching = seed % 4 != 3
+    sides = Sides(kind, n, block_size, rng.randint(12, 48), caching, rng.choice([2, 5, 10**9]))
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(0, 20))] for _ in range(3)]
     running: dict[str, Any] = {}
     steps = hit_tokens = 0
@@ -107,22 +113,32 @@ def run_workload(seed: int, kind: str, n: int | None) -> tuple[int, int]:
             tokens = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(1, 24))]
             request = make_request(rid, tokens, block_size)
             num_tokens = len(tokens)
-            # vLLM's manager leaves the last token to compute.
-            hit = sides.same("hit", lambda p, m: (lambda r: ([ids(g) for g in r[0]], r[1]))(
-                type(m).find_longest_cache_hit(request.block_hashes, num_tokens - 1, [0], p, sides.spec, False,
-                                               block_size)))
-            hits_of = {id(m): type(m).find_longest_cache_hit(request.block_hashes, num_tokens - 1, [0], p,
-                                                             sides.spec, False, block_size)[0][0]
-                       for p, m in sides.sides}
-            computed = hit[1]
-            hit_tokens += computed
+            hits_of: dict[int, list[Any]] = {id(m): [] for _, m in sides.sides}
+            local = 0
+            if caching:
+                # vLLM's manager leaves the last token to compute.
+                hit = sides.same("hit", lambda p, m: (lambda r: ([ids(g) for g in r[0]], r[1]))(
+                    type(m).find_longest_cache_hit(request.block_hashes, num_tokens - 1, [0], p, sides.spec,
+                                                   False, block_size)))
+                hits_of = {id(m): type(m).find_longest_cache_hit(request.block_hashes, num_tokens - 1, [0], p,
+                                                                 sides.spec, False, block_size)[0][0]
+                           for p, m in sides.sides}
+                local = hit[1]
+                hit_tokens += local
+            # Tokens a KV connector computed past the local hit, now and then.
+            external = rng.randint(1, num_tokens - 1 - local) if rng.random() < 0.3 and num_tokens - 1 > local else 0
+            computed = local + external
+            sides.same("blocks to admit", lambda p, m: m.get_num_blocks_to_allocate(
+                rid, num_tokens, hits_of[id(m)], computed, local, num_tokens, apply_admission_cap=True))
             need = sides.same("blocks to allocate", lambda p, m: m.get_num_blocks_to_allocate(
-                rid, num_tokens, hits_of[id(m)], computed, computed, num_tokens))
+                rid, num_tokens, hits_of[id(m)], computed, local, num_tokens))
             if need > sides.sides[0][0].get_num_free_blocks():
                 continue
-            sides.same("add hit", lambda p, m: m.add_local_computed_blocks(rid, hits_of[id(m)], computed, 0))
+            sides.same("add hit", lambda p, m: m.add_local_computed_blocks(rid, hits_of[id(m)], local, external))
+            sides.same("external blocks", lambda p, m: m.allocate_external_computed_blocks(rid, local, external))
             sides.same("new blocks", lambda p, m: ids(m.allocate_new_blocks(rid, num_tokens, num_tokens)))
-            sides.same("cache", lambda p, m: m.cache_blocks(request, num_tokens, replay_boundaries=(0,)))
+            if caching:
+                sides.same("cache", lambda p, m: m.cache_blocks(request, num_tokens, replay_boundaries=(0,)))
             request.num_computed_tokens = num_tokens
             running[rid] = request
         elif op < 0.75:
@@ -137,7 +153,8 @@ def run_workload(seed: int, kind: str, n: int | None) -> tuple[int, int]:
             if need > sides.sides[0][0].get_num_free_blocks():
                 continue
             sides.same("new blocks", lambda p, m: ids(m.allocate_new_blocks(rid, num_tokens, num_tokens)))
-            sides.same("cache", lambda p, m: m.cache_blocks(request, num_tokens, replay_boundaries=(0,)))
+            if caching:
+                sides.same("cache", lambda p, m: m.cache_blocks(request, num_tokens, replay_boundaries=(0,)))
             request.num_computed_tokens = num_tokens
         else:
             rid = rng.choice(list(running))
