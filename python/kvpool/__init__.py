@@ -6,6 +6,13 @@ Block ids cross the boundary as numpy ``int32`` arrays, one call per batch.
 ``kvpool.reference`` holds the same semantics in plain Python.
 """
 
+# Block ids cross as numpy arrays: without numpy (a declared dependency) the extension could
+# not build a single result, so its absence is an import error here, not a failure later.
+try:
+    import numpy as _numpy  # noqa: F401
+except ImportError as e:  # pragma: no cover - numpy is a declared dependency
+    raise ImportError("kvpool needs numpy (pip install 'numpy>=1.26,<3')") from e
+
 from kvpool._core import (
     BlockHasher,
     BlockHashList,
