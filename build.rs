@@ -1,8 +1,8 @@
 //! With the `python` feature: PyO3's interpreter cfgs (`Py_3_12`, `Py_LIMITED_API`,
 //! `Py_GIL_DISABLED`, ...), and `fast_ints` where `bindings::int_reader` and
-//! `bindings::bytes_reader` may read CPython's `int` and `bytes` objects in place: a 64-bit, version-specific CPython build with the
-//! GIL. Without the feature (the pyo3-free core, `cargo test`, `cargo bench`) it does
-//! nothing.
+//! `bindings::bytes_reader` may read CPython's `int` and `bytes` objects in place: a
+//! 64-bit, version-specific CPython build with the GIL. Without the feature (the
+//! pyo3-free core, `cargo test`, `cargo bench`) it does nothing.
 
 fn main() {
     println!("cargo:rustc-check-cfg=cfg(fast_ints)");

@@ -174,8 +174,12 @@ def test_per_group_steps_give_what_allocate_slots_gives() -> None:
     assert [steps.num_cached_blocks("b", g) for g in range(2)] == [one_call.num_cached_blocks("b", g)
                                                                    for g in range(2)]
     # Popping hands the tables over unfreed; freeing them by hand gives the blocks back.
+    assert "b" in steps and len(steps) == 1
     popped = steps.pop_tables("b")
     assert popped is not None and "b" not in steps.request_ids()
+    assert "b" not in steps and len(steps) == 0
+    with pytest.raises(kvpool.DtypeError):
+        _ = 1.5 in steps
     assert steps.pop_tables("b") is None
     for ids in popped:
         steps.pool.free_blocks([i for i in ids[::-1].tolist() if i != 0])

@@ -10,8 +10,9 @@ The scenarios, written as scripts:
   prompts of 9,000-12,000 tokens, so ``add_request`` hashes with the GIL released), one
   ``BlockHasher`` (prompts over 4,096 tokens and ``hash_tokens_many``, also GIL-released) and
   one ``ComputedBlocksTracker``, and the hybrid-model classes (``GroupTables`` on the same
-  pool, a ``GroupManager``, ``VllmGroupCalls`` reading a Request whose properties call back
-  into kvpool); they mix valid calls with invalid ones (double frees, bad ids,
+  pool, also one group at a time with ids whose reading calls back into kvpool, a
+  ``GroupManager``, ``VllmGroupCalls`` reading a Request whose properties call back into
+  kvpool); they mix valid calls with invalid ones (double frees, bad ids,
   unknown requests, wrong dtypes), each of which must raise a ``KVPoolError``. Afterwards every
   structure checks its invariants, every thread got back what it owned (all blocks free), and
   the hashes computed concurrently equal those computed alone.
@@ -128,6 +129,26 @@ def groups_of(pool_, groups):
 gcalls = kvpool.VllmGroupCalls(gtables, EMPTY, groups_of, lambda b: [list(g) for g in b], (), 0)
 
 
+class CallingBackIds:
+    # Block ids whose reading calls kvpool: converted before kvpool locks, or it would
+    # deadlock.
+
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def __len__(self):
+        gtables.request_ids()
+        return len(self.ids)
+
+    def __iter__(self):
+        gtables.request_ids()
+        return iter(self.ids)
+
+    def __getitem__(self, i):
+        gtables.request_ids()
+        return self.ids[i]
+
+
 def worker(k):
     rng = random.Random(k)
     n = 0
@@ -199,6 +220,19 @@ def worker(k):
             gtables.remove_skipped_blocks(gid, 64)
             expect(kvpool.KVPoolError, lambda: gtables.allocate_slots(gid, 64, 64, 64, g_hashes, 0))
             gtables.free(gid)
+            # The same tables one group at a time (vLLM's per-type managers' calls): count,
+            # allocate, window frees, pop the tables unfreed and hand them to another request.
+            sid = f"p{k}-{n}"
+            assert gtables.group_num_blocks_to_allocate(sid, 1, 64, CallingBackIds([]), 0, 0) == 4
+            assert len(gtables.group_allocate_new_blocks(sid, 0, 64)) == 4 and sid in gtables
+            gtables.group_allocate_new_blocks(sid, 1, 64)
+            gtables.remove_skipped_blocks(sid, 64)
+            expect(kvpool.KVPoolError, lambda: gtables.group_adopt_blocks(sid, 0, CallingBackIds([1])))
+            loose = [i for g in gtables.pop_tables(sid) for i in g.tolist() if i != 0]
+            assert len(loose) == 6 and sid not in gtables
+            gtables.group_adopt_blocks(f"P{k}-{n}", 0, CallingBackIds(loose))
+            gtables.free(f"P{k}-{n}")
+            assert kvpool.find_group_hit(pool, ("sliding_window", 32), g_hashes, 64)[1] == 64
             # The hybrid manager, on long prompts the threads share (hits across threads).
             mid = f"m{k}-{n}"
             gmanager.add_request(mid, LONG[k][:2000])

@@ -715,6 +715,8 @@ class BlockTables:
         """Requests with a table, sorted."""
     def check_invariants(self) -> None:
         """Raises ``InvariantError`` if the pool or the tables are inconsistent."""
+    def __contains__(self, request_id: object, /) -> bool: ...
+    def __len__(self) -> int: ...
 
 @final
 class GroupManager:
@@ -1057,6 +1059,8 @@ class GroupTables:
         """
     def check_invariants(self) -> None:
         """Raises ``InvariantError`` if the pool or the tables are inconsistent."""
+    def __contains__(self, request_id: object, /) -> bool: ...
+    def __len__(self) -> int: ...
 
 @final
 class VllmGroupCalls:

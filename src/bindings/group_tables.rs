@@ -721,6 +721,15 @@ impl PyGroupTables {
         Ok(self.specs[g].num_skipped_tokens(n))
     }
 
+    fn __contains__(&self, py: Python<'_>, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = super::requests::request_key(request_id)?;
+        Ok(self.with_tables(py, |t| t.contains(id)))
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.with_tables(py, |t| t.num_requests())
+    }
+
     /// Raises ``InvariantError`` if the pool or the tables are inconsistent.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         let result = self.with_tables_and_pool(py, |t, p| t.check_invariants(p));

@@ -171,6 +171,16 @@ impl BlockTables {
         self.tables.keys()
     }
 
+    /// Whether request `id` has a table.
+    pub fn contains(&self, id: RequestKey<'_>) -> bool {
+        self.tables.contains_key(&id)
+    }
+
+    /// How many requests have a table.
+    pub fn num_requests(&self) -> usize {
+        self.tables.len()
+    }
+
     /// vLLM's `get_num_blocks_to_allocate` for the request: new blocks plus hits
     /// that must leave the free queue, to give it `num_tokens` slots.
     pub fn num_blocks_to_allocate(

@@ -279,6 +279,16 @@ impl GroupTables {
         self.tables.keys()
     }
 
+    /// Whether request `id` has a table.
+    pub fn contains(&self, id: RequestKey<'_>) -> bool {
+        self.tables.contains_key(&id)
+    }
+
+    /// How many requests have a table.
+    pub fn num_requests(&self) -> usize {
+        self.tables.len()
+    }
+
     pub(super) fn null(pool: &BlockPool) -> PoolResult<u32> {
         pool.null_block().ok_or_else(|| {
             PoolError::InvalidArgument(

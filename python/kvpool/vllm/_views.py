@@ -354,13 +354,13 @@ class _RequestTables:
         return self[request_id] if request_id in self else default
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._tables.request_ids()
+        return request_id in self._tables
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._tables.request_ids())
 
     def __len__(self) -> int:
-        return len(self._tables.request_ids())
+        return len(self._tables)
 
     def keys(self) -> tuple[Any, ...]:
         return self._tables.request_ids()

@@ -34,7 +34,7 @@ import hashlib
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from typing import Any, ClassVar
 
-from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, trim_null_head
 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
 
 import kvpool
@@ -189,13 +189,13 @@ class _RequestBlocks(MutableMapping[str, list[Any]]):
         return self._views(tables[0].tolist())
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._manager._tables.request_ids()
+        return request_id in self._manager._tables
 
     def __iter__(self) -> Iterator[str]:
         return (str(r) for r in self._manager._tables.request_ids())
 
     def __len__(self) -> int:
-        return len(self._manager._tables.request_ids())
+        return len(self._manager._tables)
 
 
 def _ids_of(blocks: Sequence[Any] | None) -> list[int]:
@@ -305,9 +305,7 @@ class _SingleTypeManager:
 
     def pop_blocks_for_free(self, request_id: str) -> list[Any]:
         """Forgets the request and returns its blocks past the leading null ones, unfreed."""
-        blocks: list[Any] = self.req_to_blocks.pop(request_id, [])
-        head = next((i for i, b in enumerate(blocks) if not b.is_null), len(blocks))
-        return blocks[head:] if head else blocks
+        return trim_null_head(self.req_to_blocks.pop(request_id, []))  # type: ignore[no-any-return]
 
     def free(self, request_id: str) -> None:
         """Frees the request's blocks, tail first."""
