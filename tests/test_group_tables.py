@@ -185,3 +185,31 @@ def test_per_group_steps_give_what_allocate_slots_gives() -> None:
         steps.pool.free_blocks([i for i in ids[::-1].tolist() if i != 0])
     one_call.free("b")
     assert steps.pool.get_num_free_blocks() == one_call.pool.get_num_free_blocks()
+
+
+def test_per_group_entry_points_on_empty_integer_and_shared_keys() -> None:
+    """Empty inputs, integer keys (8-byte big-endian) and one key over many blocks."""
+    pool = kvpool.BlockPool(64, block_size=BS)
+    t = kvpool.GroupTables(pool, ["full"], max_model_len=1000)
+    assert [g.tolist() for g in kvpool.find_group_hit(pool, "full", [], 100)[0]] == [[]]
+    assert kvpool.find_group_hit(pool, ("sliding_window", 8), HASHES, 0)[1] == 0
+    t.group_adopt_blocks("empty", 0, [])
+    assert t.get_blocks("empty")[0].tolist() == [] and t.group_allocate_new_blocks("empty", 0, 0).tolist() == []
+    # Integer keys: a prefix of sequential ids cached, then found as a numpy array.
+    keys = np.arange(1, 9, dtype=np.uint64)
+    ids = t.group_allocate_new_blocks("ints", 0, 8 * BS)
+    pool.cache_full_blocks(ids, keys, 0, 8)
+    blocks, n = kvpool.find_group_hit(pool, "full", keys, 8 * BS)
+    assert n == 8 * BS and blocks[0].tolist() == ids.tolist()
+    blocks, n = kvpool.find_group_hit(pool, ("sliding_window", 9), keys[:6], 6 * BS)
+    # The window needs only the last two blocks; the ones before are the null block.
+    assert n == 6 * BS and blocks[0].tolist() == [0] * 4 + ids.tolist()[4:6]
+    # One key over many blocks: every search finds the first block cached under it.
+    same = np.full(1, 77, dtype=np.uint64)
+    first = None
+    for _ in range(20):
+        b = pool.get_new_blocks(1)
+        pool.cache_full_blocks(b, same, 0, 1)
+        first = first if first is not None else int(b[0])
+    assert kvpool.find_group_hit(pool, "full", same, BS)[0][0].tolist() == [first]
+    t.check_invariants()
