@@ -85,6 +85,25 @@ ERRORS: list[tuple[str, type[BaseException], Any]] = [
      lambda t: kvpool.find_group_hit(t.pool, "full", [b"x" * 16], 8)),
     ("find_group_hit on something that is not a pool", kvpool.DtypeError,
      lambda t: kvpool.find_group_hit(t, "full", HASHES, 8)),
+    # A window search reads every hash below max_length, and a chunked-local one pads its
+    # answer with a null block per skipped block: a max_length past the hashes is refused,
+    # not a vector of 2**63 blocks.
+    ("find_group_hit, a window, max_length past the hashes", kvpool.InvalidArgumentError,
+     lambda t: kvpool.find_group_hit(t.pool, ("sliding_window", 4), HASHES[:1], 2**63 - 1)),
+    ("find_group_hit, chunked local, max_length past the hashes", kvpool.InvalidArgumentError,
+     lambda t: kvpool.find_group_hit(t.pool, ("chunked_local", 4), HASHES[:1], 2**44)),
+    ("a hit search longer than max_model_len", kvpool.InvalidArgumentError,
+     lambda t: t.find_longest_cache_hit(HASHES, 2**63 - 1)),
+    ("find_group_hit, full attention, a partial-block hit", kvpool.InvalidArgumentError,
+     lambda t: kvpool.find_group_hit(t.pool, ("full", None, 8), HASHES, 16, alignment_tokens=4)),
+    ("a group spec nested deeper than one tuple", kvpool.InvalidArgumentError,
+     lambda t: kvpool.find_group_hit(t.pool, (("full",),), HASHES, 8)),
+    ("token counts that add up past the largest count", kvpool.InvalidArgumentError,
+     lambda t: t.allocate_slots("b", 2**63 - 1, 10, 10, [], 1, num_new_computed_tokens=2**63 - 1,
+                                num_external_computed_tokens=2)),
+    ("lookahead tokens that add up past the largest count", kvpool.InvalidArgumentError,
+     lambda t: t.allocate_slots("b", 0, 10, 10, [], 2**63 - 1, num_lookahead_tokens=2**63 - 1,
+                                num_external_computed_tokens=2**63 - 1)),
 ]
 
 
@@ -213,3 +232,53 @@ def test_per_group_entry_points_on_empty_integer_and_shared_keys() -> None:
         first = first if first is not None else int(b[0])
     assert kvpool.find_group_hit(pool, "full", same, BS)[0][0].tolist() == [first]
     t.check_invariants()
+
+
+def test_a_deeply_nested_spec_is_refused_without_recursion() -> None:
+    spec: Any = "full"
+    for _ in range(50_000):
+        spec = (spec,)
+    pool = kvpool.BlockPool(8, block_size=2)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kvpool.find_group_hit(pool, spec, [], 4)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        kvpool.GroupTables(pool, [spec], max_model_len=16)
+    assert kvpool.find_group_hit(pool, ("full",), [], 4)[1] == 0
+
+
+def test_a_pinned_block_is_not_handed_to_a_table() -> None:
+    pool = kvpool.BlockPool(16, block_size=BS, max_pinned_blocks=4)
+    t = kvpool.GroupTables(pool, ["full"], max_model_len=1000)
+    t.allocate_slots("a", 0, 8, 8, HASHES[:2], 8)
+    t.free("a")
+    assert pool.pin_prefix(HASHES[:2]) == 2
+    pinned = pool.find_longest_cache_hit(HASHES[:2]).tolist()
+    before = (pool.free_block_ids().tolist(), pool.ref_counts().tolist(), t.request_ids())
+    # The pin's reference is not the caller's to hand over.
+    with pytest.raises(kvpool.InvalidArgumentError, match="pin"):
+        t.group_adopt_blocks("r", 0, pinned)
+    assert (pool.free_block_ids().tolist(), pool.ref_counts().tolist(), t.request_ids()) == before
+    # A reference the caller took on top of the pin is.
+    pool.touch(pinned)
+    t.group_adopt_blocks("r", 0, pinned)
+    t.free("r")
+    assert pool.ref_counts()[pinned].tolist() == [1, 1]
+    t.check_invariants()
+
+
+def test_tables_cache_under_the_pool_group_ids_they_are_given() -> None:
+    pool = kvpool.BlockPool(16, block_size=BS)
+    t = kvpool.GroupTables(pool, ["full"], max_model_len=1000, pool_group_ids=[2])
+    t.allocate_slots("a", 0, 8, 8, HASHES[:2], 8)
+    t.free("a")
+    assert len(pool.find_longest_cache_hit(HASHES[:2], group_id=2)) == 2
+    assert len(pool.find_longest_cache_hit(HASHES[:2], group_id=0)) == 0
+    blocks, hit, _ = t.find_longest_cache_hit(HASHES[:2], 7)
+    assert hit == 4 and len(blocks[0]) == 1
+    assert kvpool.find_group_hit(pool, "full", HASHES[:2], 8, group_ids=[2])[1] == 8
+    with pytest.raises(kvpool.InvalidArgumentError, match="two groups"):
+        kvpool.GroupTables(pool, ["full", "full"], max_model_len=1000, pool_group_ids=[1, 1])
+    with pytest.raises(kvpool.InvalidArgumentError, match="pool group ids"):
+        kvpool.GroupTables(pool, ["full"], max_model_len=1000, pool_group_ids=[1, 2])
+    with pytest.raises(kvpool.InvalidArgumentError, match="multiple"):
+        kvpool.GroupTables(pool, ["full"], max_model_len=1000, scheduler_block_size=6)

@@ -39,8 +39,8 @@ def vllm_spec(kind: str, n: int | None, block_size: int) -> Any:
 
 
 def build(kind: str, n: int | None, block_size: int, num_blocks: int, kvpool_side: bool, caching: bool = True,
-          cap: int = 10**9) -> tuple[Any, Any]:
-    """A block pool and a manager of one side."""
+          cap: int = 10**9, group_id: int = 0, scheduler_block_size: int | None = None) -> tuple[Any, Any]:
+    """A block pool and a manager of one side (of KV-cache group ``group_id``)."""
     if kvpool_side:
         from kvpool.vllm import single_type as classes
         from kvpool.vllm.single_type import BlockPool
@@ -51,8 +51,9 @@ def build(kind: str, n: int | None, block_size: int, num_blocks: int, kvpool_sid
     manager_class = {"full": classes.FullAttentionManager, "sliding_window": classes.SlidingWindowManager,
                      "chunked_local": classes.ChunkedLocalAttentionManager}[kind]
     pool = BlockPool(num_gpu_blocks=num_blocks, enable_caching=caching, hash_block_size=block_size)
-    manager = manager_class(spec, block_pool=pool, enable_caching=caching, kv_cache_group_id=0,
-                            scheduler_block_size=block_size, max_admission_blocks_per_request=cap)
+    manager = manager_class(spec, block_pool=pool, enable_caching=caching, kv_cache_group_id=group_id,
+                            scheduler_block_size=scheduler_block_size or block_size,
+                            max_admission_blocks_per_request=cap)
     return pool, manager
 
 
@@ -75,9 +76,10 @@ def ids(blocks: Any) -> list[int]:
 class Sides:
     """The two sides, called alike; every call's results compared."""
 
-    def __init__(self, kind: str, n: int | None, block_size: int, num_blocks: int, caching: bool, cap: int) -> None:
-        self.sides = [build(kind, n, block_size, num_blocks, kvpool_side, caching, cap)
-                      for kvpool_side in (False, True)]
+    def __init__(self, kind: str, n: int | None, block_size: int, num_blocks: int, caching: bool, cap: int,
+                 group_id: int = 0, scheduler_block_size: int | None = None) -> None:
+        self.sides = [build(kind, n, block_size, num_blocks, kvpool_side, caching, cap, group_id,
+                            scheduler_block_size) for kvpool_side in (False, True)]
         self.spec = vllm_spec(kind, n, block_size)
         self.block_size = block_size
         self.cls = [type(m) for _, m in self.sides]
@@ -102,7 +104,12 @@ def run_workload(seed: int, kind: str, n: int | None) -> tuple[int, int]:
     # Every fourth workload runs without prefix caching; caps on what a request holds are
     # checked where the scheduler applies them (admission).
     caching = seed % 4 != 3
-    sides = Sides(kind, n, block_size, rng.randint(12, 48), caching, rng.choice([2, 5, 10**9]))
+    # The manager is one group of a model: its group id is the key's, and the model's
+    # scheduler block size may be a multiple of the group's block size.
+    group_id = rng.choice([0, 0, 1, 3])
+    scheduler_block_size = block_size * rng.choice([1, 1, 2, 4])
+    sides = Sides(kind, n, block_size, rng.randint(12, 48), caching, rng.choice([2, 5, 10**9]), group_id,
+                  scheduler_block_size)
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(0, 20))] for _ in range(3)]
     running: dict[str, Any] = {}
     steps = hit_tokens = 0
@@ -118,10 +125,10 @@ def run_workload(seed: int, kind: str, n: int | None) -> tuple[int, int]:
             if caching:
                 # vLLM's manager leaves the last token to compute.
                 hit = sides.same("hit", lambda p, m: (lambda r: ([ids(g) for g in r[0]], r[1]))(
-                    type(m).find_longest_cache_hit(request.block_hashes, num_tokens - 1, [0], p, sides.spec,
-                                                   False, block_size)))
-                hits_of = {id(m): type(m).find_longest_cache_hit(request.block_hashes, num_tokens - 1, [0], p,
-                                                                 sides.spec, False, block_size)[0][0]
+                    type(m).find_longest_cache_hit(request.block_hashes, num_tokens - 1, [group_id], p,
+                                                   sides.spec, False, block_size)))
+                hits_of = {id(m): type(m).find_longest_cache_hit(request.block_hashes, num_tokens - 1, [group_id],
+                                                                 p, sides.spec, False, block_size)[0][0]
                            for p, m in sides.sides}
                 local = hit[1]
                 hit_tokens += local
@@ -256,3 +263,56 @@ def test_uncovered_specs_are_refused() -> None:
         BlockPool(num_gpu_blocks=10, enable_caching=True, hash_block_size=2, enable_kv_cache_events=True)
     with pytest.raises(kvpool.InvalidArgumentError, match="EAGLE"):
         SlidingWindowManager.find_longest_cache_hit([b"x"], 4, [0], pool, spec, True, 2)
+
+
+def test_a_refused_insert_leaves_the_free_queue_as_it_was(manager: Any) -> None:
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    pool = manager.block_pool
+    cached = pool.cached_block_hash_to_block
+    cached.insert(make_block_hash_with_group_id(b"a" * 32, 0), pool.blocks[2])
+    queue = ids(pool.free_block_queue.get_all_free_blocks())
+    with pytest.raises(kvpool.BlockStateError, match="already holds"):
+        cached.insert(make_block_hash_with_group_id(b"b" * 32, 0), pool.blocks[2])
+    with pytest.raises(kvpool.BlockStateError, match="null block"):
+        cached.insert(make_block_hash_with_group_id(b"c" * 32, 0), pool.null_block)
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == queue
+
+
+def test_a_table_is_not_handed_blocks_another_managers_table_holds() -> None:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from kvpool.vllm.single_type import BlockPool, FullAttentionManager
+
+    pool = BlockPool(num_gpu_blocks=10, enable_caching=True, hash_block_size=2)
+    spec = FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    m0, m1 = (FullAttentionManager(spec, block_pool=pool, enable_caching=True, kv_cache_group_id=g,
+                                   scheduler_block_size=2) for g in (0, 1))
+    blocks = m0.allocate_new_blocks("r", 4, 4)
+    free = pool.get_num_free_blocks()
+    with pytest.raises(kvpool.InvalidArgumentError, match="group 0"):
+        m1.req_to_blocks["s"] = blocks
+    assert "s" not in m1.req_to_blocks and pool.get_num_free_blocks() == free
+    m0.free("r")
+    assert pool.get_num_free_blocks() == 9
+
+
+def test_full_attention_refuses_partial_block_hits() -> None:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from kvpool.vllm.single_type import BlockPool, FullAttentionManager
+
+    pool = BlockPool(num_gpu_blocks=10, enable_caching=True, hash_block_size=2)
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    with pytest.raises(kvpool.InvalidArgumentError, match="fine-grained"):
+        FullAttentionManager.find_longest_cache_hit([b"x" * 32] * 3, 6, [0], pool, spec, False, 2)
+
+
+def test_req_to_blocks_is_a_mapping_of_the_ids_given(manager: Any) -> None:
+    manager.allocate_new_blocks(7, 4, 4)
+    manager.allocate_new_blocks("r", 2, 2)
+    table = manager.req_to_blocks
+    assert dict(table.items()).keys() == {7, "r"}
+    assert None not in table and 1.5 not in table and 7 in table
+    manager.free(7)
+    manager.free("r")

@@ -163,9 +163,12 @@ class BlockPool:
         """The cached blocks of the longest cached prefix of ``block_hashes`` (at most
         ``max_blocks``); the scan stops at the first miss. Changes nothing.
         """
-    def _set_block_hash(self, block_id: int, block_hash: bytes | None, group_id: int | None = None) -> None:
+    def _set_block_hash(self, block_id: int, block_hash: bytes | None, group_id: int | None = None, *,
+                        requeue: bool = False) -> None:
         """Give block ``block_id`` the key ``(block_hash, group_id)``, or take its key away
-        (``block_hash=None``), where it is: no event, no move in the free queue. For
+        (``block_hash=None``), where it is: no event, no move in the free queue. With
+        ``requeue=True`` a free block without a key is instead taken from the free queue,
+        keyed and freed again (to the queue's tail), all checks first. For
         ``kvpool.vllm``'s view of vLLM's ``cached_block_hash_to_block`` dict, which vLLM's
         tests edit; not for engines.
         """
@@ -893,12 +896,17 @@ class GroupTables:
     (whose block 0 is the null block that stands for blocks a group skips).
 
     ``GroupTables(pool, groups, *, max_model_len, max_in_flight_tokens=None,
-    retention_interval=None, record_new_block_ids=False)``: ``groups`` lists each
-    group's attention, ``"full"``, ``("sliding_window", window)`` or
-    ``("chunked_local", chunk)``, every group with the pool's ``block_size``.
-    ``max_in_flight_tokens`` (default ``max_model_len``) bounds what a window group
-    holds per request for the full-sequence gate; ``retention_interval`` is vLLM's
-    ``prefix_cache_retention_interval``. Per-group results are tuples of int32
+    retention_interval=None, record_new_block_ids=False, pool_group_ids=None,
+    scheduler_block_size=None)``: ``groups`` lists each group's attention,
+    ``"full"``, ``("sliding_window", window)`` or ``("chunked_local", chunk)``,
+    every group with the pool's ``block_size``. ``max_in_flight_tokens`` (default
+    ``max_model_len``) bounds what a window group holds per request for the
+    full-sequence gate; ``retention_interval`` is vLLM's
+    ``prefix_cache_retention_interval``. When the tables are one part of a model's
+    groups (vLLM's per-type manager of group ``kv_cache_group_id``),
+    ``pool_group_ids`` gives each group's id in the pool's prefix cache (default:
+    its index) and ``scheduler_block_size`` the model's hit granularity (default:
+    the groups' least common block size). Per-group results are tuples of int32
     arrays, one per group.
     """
 
@@ -911,6 +919,8 @@ class GroupTables:
         max_in_flight_tokens: int | None = None,
         retention_interval: int | None = None,
         record_new_block_ids: bool | None = None,
+        pool_group_ids: Sequence[int] | None = None,
+        scheduler_block_size: int | None = None,
     ) -> GroupTables: ...
     @property
     def pool(self) -> BlockPool:

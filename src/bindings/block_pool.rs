@@ -624,16 +624,19 @@ impl PyBlockPool {
     }
 
     /// Give block ``block_id`` the key ``(block_hash, group_id)``, or take its key away
-    /// (``block_hash=None``), where it is: no event, no move in the free queue. For
+    /// (``block_hash=None``), where it is: no event, no move in the free queue. With
+    /// ``requeue=True`` a free block without a key is instead taken from the free queue,
+    /// keyed and freed again (to the queue's tail), all checks first. For
     /// ``kvpool.vllm``'s view of vLLM's ``cached_block_hash_to_block`` dict, which vLLM's
     /// tests edit; not for engines.
-    #[pyo3(signature = (block_id, block_hash, group_id=None))]
+    #[pyo3(signature = (block_id, block_hash, group_id=None, *, requeue=false))]
     fn _set_block_hash(
         &self,
         py: Python<'_>,
         block_id: &Bound<'_, PyAny>,
         block_hash: Option<&Bound<'_, PyAny>>,
         group_id: Option<&Bound<'_, PyAny>>,
+        requeue: bool,
     ) -> PyResult<()> {
         let id = self.one_id(block_id)?;
         let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
@@ -651,8 +654,11 @@ impl PyBlockPool {
                 Some(pool::BlockHashKey::new(hash, group))
             }
         };
-        self.with_pool(py, |pool| pool.set_block_key(id, key))
-            .py_err(py)
+        self.with_pool(py, |pool| match key {
+            Some(key) if requeue => pool.insert_block_key(id, key),
+            key => pool.set_block_key(id, key),
+        })
+        .py_err(py)
     }
 
     /// Drop the cached hash of each block, in use or not; frees nothing.

@@ -8,9 +8,9 @@ use pyo3::types::PyTuple;
 use super::block_pool::pool_arg;
 use super::convert::{extract_hashes_after, ids_to_numpy, int_arg, opt_int_arg};
 use super::errors::{error, ErrorKind, IntoPyResult};
-use super::group_tables::group_spec;
+use super::group_tables::{group_id_list, group_spec};
 use super::hashing::hash_slice_of;
-use crate::pool::{find_spec_hit, KvGroups, PoolError};
+use crate::pool::{check_window_max_length, find_spec_hit, KvGroups, PoolError};
 
 /// The longest prefix hit of ``block_hashes`` (one per ``pool.block_size`` tokens)
 /// for one group kind, at most ``max_length`` tokens: ``(blocks per group id,
@@ -40,11 +40,7 @@ pub fn find_group_hit<'py>(
     let max_length = int_arg(max_length, "max_length", 0, i64::MAX)? as usize;
     let ids: Vec<u32> = match group_ids {
         None => vec![0],
-        Some(obj) => obj
-            .try_iter()
-            .map_err(|_| error(py, ErrorKind::Dtype, "group_ids must be a sequence of ints"))?
-            .map(|g| Ok(int_arg(&g?, "a group id", 0, u32::MAX as i64)? as u32))
-            .collect::<PyResult<_>>()?,
+        Some(obj) => group_id_list(obj, "group_ids")?,
     };
     if ids.is_empty() {
         return Err(error(
@@ -55,9 +51,24 @@ pub fn find_group_hit<'py>(
     }
     let alignment = opt_int_arg(alignment_tokens, "alignment_tokens", 1, i64::MAX)?
         .map_or(spec.block_size, |n| n as usize);
+    if spec.is_full() && alignment < spec.block_size {
+        // vLLM's fine-grained lookup: a hit ending inside a block, copied on write.
+        return Err(error(
+            py,
+            ErrorKind::InvalidArgument,
+            format!(
+                "alignment_tokens {alignment} is below the block size {}: kvpool does not cover \
+                 partial-block (fine-grained) hits",
+                spec.block_size
+            ),
+        ));
+    }
     let mut flat = Vec::new();
     let (_, width) = extract_hashes_after(block_hashes, 0, &mut flat)?;
     let hashes = hash_slice_of(&flat, width);
+    if !spec.is_full() {
+        check_window_max_length(max_length, hashes.len(), hash_block_size).py_err(py)?;
+    }
     let (tables, hit) = pool
         .get()
         .with_pool(py, |p| {

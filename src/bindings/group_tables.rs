@@ -26,12 +26,17 @@ use crate::pool::{
 /// (whose block 0 is the null block that stands for blocks a group skips).
 ///
 /// ``GroupTables(pool, groups, *, max_model_len, max_in_flight_tokens=None,
-/// retention_interval=None, record_new_block_ids=False)``: ``groups`` lists each
-/// group's attention, ``"full"``, ``("sliding_window", window)`` or
-/// ``("chunked_local", chunk)``, every group with the pool's ``block_size``.
-/// ``max_in_flight_tokens`` (default ``max_model_len``) bounds what a window group
-/// holds per request for the full-sequence gate; ``retention_interval`` is vLLM's
-/// ``prefix_cache_retention_interval``. Per-group results are tuples of int32
+/// retention_interval=None, record_new_block_ids=False, pool_group_ids=None,
+/// scheduler_block_size=None)``: ``groups`` lists each group's attention,
+/// ``"full"``, ``("sliding_window", window)`` or ``("chunked_local", chunk)``,
+/// every group with the pool's ``block_size``. ``max_in_flight_tokens`` (default
+/// ``max_model_len``) bounds what a window group holds per request for the
+/// full-sequence gate; ``retention_interval`` is vLLM's
+/// ``prefix_cache_retention_interval``. When the tables are one part of a model's
+/// groups (vLLM's per-type manager of group ``kv_cache_group_id``),
+/// ``pool_group_ids`` gives each group's id in the pool's prefix cache (default:
+/// its index) and ``scheduler_block_size`` the model's hit granularity (default:
+/// the groups' least common block size). Per-group results are tuples of int32
 /// arrays, one per group.
 #[pyclass(frozen, module = "kvpool", name = "GroupTables")]
 pub struct PyGroupTables {
@@ -62,6 +67,20 @@ pub(super) struct GroupSlotArgs<'a, 'py> {
     pub token_ids: Option<&'a Bound<'py, PyAny>>,
     pub num_in_flight_tokens: Option<&'a Bound<'py, PyAny>>,
     pub shared_prefix_boundary: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// A sequence of KV-cache group ids (each `0..=u32::MAX`), named `what` in errors.
+pub(super) fn group_id_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
+    obj.try_iter()
+        .map_err(|_| {
+            error(
+                obj.py(),
+                ErrorKind::Dtype,
+                format!("{what} must be a sequence of ints"),
+            )
+        })?
+        .map(|g| Ok(int_arg(&g?, "a group id", 0, u32::MAX as i64)? as u32))
+        .collect()
 }
 
 /// A group spec from ``"full"``, ``("sliding_window", n)`` or ``("chunked_local", n)``,
@@ -100,7 +119,13 @@ pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<
         n => (block_size, n),
     };
     if len == 1 {
-        return group_spec(&tuple.get_item(0)?, block_size);
+        // `("full",)`: one level only (a deeper nesting is not a spec, and recursing
+        // through it would run out of stack).
+        let inner = tuple.get_item(0)?;
+        if inner.cast::<PyString>().is_err() {
+            return Err(bad());
+        }
+        return group_spec(&inner, block_size);
     }
     if len != 2 {
         return Err(bad());
@@ -297,7 +322,8 @@ impl PyGroupTables {
 #[pymethods]
 impl PyGroupTables {
     #[new]
-    #[pyo3(signature = (pool, groups, *, max_model_len, max_in_flight_tokens=None, retention_interval=None, record_new_block_ids=None))]
+    #[pyo3(signature = (pool, groups, *, max_model_len, max_in_flight_tokens=None, retention_interval=None, record_new_block_ids=None, pool_group_ids=None, scheduler_block_size=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         pool: &Bound<'_, PyAny>,
@@ -306,6 +332,8 @@ impl PyGroupTables {
         max_in_flight_tokens: Option<&Bound<'_, PyAny>>,
         retention_interval: Option<&Bound<'_, PyAny>>,
         record_new_block_ids: Option<&Bound<'_, PyAny>>,
+        pool_group_ids: Option<&Bound<'_, PyAny>>,
+        scheduler_block_size: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let pool = pool_arg(pool)?;
         let config = pool.get().config.clone();
@@ -326,6 +354,15 @@ impl PyGroupTables {
         let retention =
             opt_int_arg(retention_interval, "retention_interval", 0, i64::MAX)?.map(|n| n as usize);
         let record = opt_bool_arg(record_new_block_ids, "record_new_block_ids", false)?;
+        let pool_groups = pool_group_ids
+            .map(|obj| group_id_list(obj, "pool_group_ids"))
+            .transpose()?;
+        let scheduler_block_size = opt_int_arg(
+            scheduler_block_size,
+            "scheduler_block_size",
+            1,
+            u32::MAX as i64,
+        )?;
         if !config.null_block {
             return Err(error(
                 py,
@@ -333,7 +370,13 @@ impl PyGroupTables {
                 "KV-cache groups need a pool with a null block (null_block=True)",
             ));
         }
-        let layout = KvGroups::new(specs.clone(), block_size, retention).py_err(py)?;
+        let mut layout = KvGroups::new(specs.clone(), block_size, retention).py_err(py)?;
+        if let Some(ids) = pool_groups {
+            layout = layout.with_pool_groups(ids).py_err(py)?;
+        }
+        if let Some(n) = scheduler_block_size {
+            layout = layout.with_scheduler_block_size(n as usize).py_err(py)?;
+        }
         let inner = GroupTables::new(layout, max_model_len, in_flight, record).py_err(py)?;
         Ok(Self {
             inner: Mutex::new(inner),

@@ -676,6 +676,38 @@ impl BlockPool {
         Ok(())
     }
 
+    /// Gives block `id`, which has no key, the key `key` as inserting into vLLM's
+    /// `cached_block_hash_to_block` dict does (`kvpool.vllm`'s stand-in pool): a block
+    /// in use keeps its place; a free one is taken out of the free queue, keyed and
+    /// freed again, so it goes to the queue's tail with its key, as freeing a cached
+    /// block puts it. Every check comes first: a refused call changes nothing.
+    pub fn insert_block_key(&mut self, id: u32, key: BlockHashKey) -> PoolResult<()> {
+        if !self.config.enable_caching {
+            return Err(PoolError::CachingDisabled);
+        }
+        self.check_ids(&[id])?;
+        if self.is_null(id) {
+            return Err(PoolError::BlockState {
+                block_id: id,
+                reason: "is the null block",
+            });
+        }
+        self.check_hash_width(key.hash.as_bytes().len())?;
+        let meta = *self.slab.get(id);
+        if meta.is_cached() {
+            return Err(PoolError::BlockState {
+                block_id: id,
+                reason: "already holds a block hash",
+            });
+        }
+        if meta.ref_cnt > 0 {
+            return self.set_block_key(id, Some(key));
+        }
+        self.touch(&[id])?;
+        self.set_block_key(id, Some(key))?;
+        self.free_blocks(&[id])
+    }
+
     /// Gives block `id` the prefix-cache key `key`, or takes its key away (`None`),
     /// where it is: no event, no move in the free queue. This is what editing vLLM's
     /// `cached_block_hash_to_block` dict does, which vLLM's own tests do to fake an

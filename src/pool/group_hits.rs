@@ -9,6 +9,7 @@
 //! reads the pool.
 
 use super::block_pool::BlockPool;
+use super::error::{PoolError, PoolResult};
 use super::hash_key::HashSlice;
 use super::kv_groups::{AttentionKind, GroupSpec, KvGroups, SpecGroup};
 
@@ -23,6 +24,27 @@ pub struct GroupHit {
     /// sliding-window group has not cached yet (vLLM's
     /// `num_uncached_common_prefix_tokens`).
     pub num_uncached_common_prefix_tokens: usize,
+}
+
+/// A sliding-window or chunked-local search reads the hashes of every block
+/// below `max_length` (vLLM's raises `IndexError` past the last one) and a
+/// chunked-local one pads its hit with a null block per block before the chunk:
+/// `max_length` must stay below the start of the block after the last of
+/// `num_hashes` hashes of `block_size` tokens (vLLM asks for `num_tokens - 1`).
+pub fn check_window_max_length(
+    max_length: usize,
+    num_hashes: usize,
+    block_size: usize,
+) -> PoolResult<()> {
+    let limit = num_hashes.saturating_add(1).saturating_mul(block_size);
+    if max_length >= limit {
+        return Err(PoolError::InvalidArgument(format!(
+            "max_length {max_length} reaches past the tokens {num_hashes} block hashes of \
+             {block_size} tokens cover (at most {})",
+            limit.saturating_sub(1)
+        )));
+    }
+    Ok(())
 }
 
 /// The cached blocks of `group_ids` under hash `i`, all or nothing.
@@ -81,8 +103,9 @@ pub fn find_spec_hit(
         AttentionKind::SlidingWindow { .. } => {
             let need = spec.contiguous_blocks_for_hit();
             // vLLM sizes the table from max_length alone; blocks past the
-            // request's hashes are never hits, so the scan starts below them.
-            let table_len = max_length / bs;
+            // request's hashes are never hits, so the scan starts below them, and
+            // the table is cut to at most `max_blocks` whatever it finds.
+            let table_len = max_blocks;
             for t in &mut tables {
                 t.resize(table_len, null);
             }
@@ -178,8 +201,14 @@ pub fn find_longest_hit(
     if n == 1 {
         // vLLM's unitary coordinator: one search.
         let g = &spec_groups[0];
-        let (mut tables, hit) =
-            find_spec_hit(pool, view(0), max_length, &g.spec, &g.group_ids, alignment);
+        let (mut tables, hit) = find_spec_hit(
+            pool,
+            view(0),
+            max_length,
+            &g.spec,
+            &g.pool_group_ids,
+            alignment,
+        );
         return GroupHit {
             blocks: vec![tables.swap_remove(0)],
             num_tokens: hit,
@@ -198,8 +227,14 @@ pub fn find_longest_hit(
                 current = current.min(lengths[first]);
                 continue;
             }
-            let (tables, found) =
-                find_spec_hit(pool, view(i), current, &g.spec, &g.group_ids, alignment);
+            let (tables, found) = find_spec_hit(
+                pool,
+                view(i),
+                current,
+                &g.spec,
+                &g.pool_group_ids,
+                alignment,
+            );
             current = found;
             for (&gid, table) in g.group_ids.iter().zip(tables) {
                 blocks[gid as usize] = Some(table);

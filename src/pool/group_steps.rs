@@ -309,8 +309,9 @@ impl GroupTables {
         })
     }
 
-    /// Each of `held` has a reference no table here accounts for, one the caller
-    /// can hand over.
+    /// Each of `held` has a reference no table here and no pin accounts for, one
+    /// the caller can hand over. (Tables of another `GroupTables` on the pool are not
+    /// seen: `kvpool.vllm.single_type` checks its other managers' tables itself.)
     fn check_caller_holds(&self, pool: &BlockPool, held: &[u32]) -> PoolResult<()> {
         if held.is_empty() {
             return Ok(());
@@ -324,9 +325,12 @@ impl GroupTables {
             }
         }
         for &b in held {
-            if named[&b] >= pool.ref_count(b)? {
+            // A pin's reference is the pin's, not the caller's.
+            let accounted = named[&b] + u32::from(pool.is_pinned(b));
+            if accounted >= pool.ref_count(b)? {
                 return Err(PoolError::InvalidArgument(format!(
-                    "block {b}'s references are all held by block tables: the caller holds none to hand over"
+                    "block {b}'s references are all held by block tables or a pin: the caller \
+                     holds none to hand over"
                 )));
             }
         }

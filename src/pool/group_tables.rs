@@ -321,6 +321,13 @@ impl GroupTables {
                 });
             }
         }
+        if max_length > self.max_model_len {
+            // A chunked-local group pads its hit with a null block per skipped block.
+            return Err(PoolError::InvalidArgument(format!(
+                "max_length {max_length} is longer than max_model_len {}",
+                self.max_model_len
+            )));
+        }
         Ok(find_longest_hit(pool, &self.layout, hashes, max_length))
     }
 
@@ -392,6 +399,20 @@ impl GroupTables {
             call.hashes_from,
             call.block_hashes,
         )?;
+        // The token counts add up without overflow (`allocate_slots` sums them).
+        [
+            call.num_new_computed_tokens,
+            call.num_external_computed_tokens,
+            call.num_new_tokens,
+            call.num_lookahead_tokens,
+        ]
+        .iter()
+        .try_fold(call.num_computed_tokens, |sum, &n| sum.checked_add(n))
+        .ok_or_else(|| {
+            PoolError::InvalidArgument(
+                "the computed, new and lookahead token counts add up past the largest count".into(),
+            )
+        })?;
         if call.num_new_tokens == 0
             && call.num_external_computed_tokens == 0
             && call.num_new_computed_tokens == 0
@@ -687,7 +708,7 @@ impl GroupTables {
             block_hashes: view,
             num_cached_blocks: num_cached,
             num_full_blocks: num_full,
-            group: g as u32,
+            group: layout.pool_group(g),
             token_ids: if pool.config().enable_events {
                 token_ids
             } else {
@@ -750,7 +771,7 @@ impl GroupTables {
         pool.cache_partial_block(PartialBlock {
             block_id,
             hash: hashes.block_hash(n - 1),
-            group: g as u32,
+            group: layout.pool_group(g),
             num_tokens: boundary as u32,
             parent: (n > 1).then(|| hashes.block_hash(n - 2)),
             token_ids: window,

@@ -156,6 +156,9 @@ pub struct SpecGroup {
     pub spec: GroupSpec,
     /// The group indices, in order.
     pub group_ids: Vec<u32>,
+    /// The groups' ids in the pool's prefix cache, in the same order (the group
+    /// indices unless [`KvGroups::with_pool_groups`] says otherwise).
+    pub pool_group_ids: Vec<u32>,
 }
 
 /// A model's KV-cache layout: its groups, the hashing granularity and the
@@ -167,6 +170,8 @@ pub struct KvGroups {
     scheduler_block_size: usize,
     retention_interval: Option<usize>,
     spec_groups: Vec<SpecGroup>,
+    /// Per group index, the group id its blocks are cached under in the pool.
+    pool_groups: Vec<u32>,
 }
 
 impl KvGroups {
@@ -224,23 +229,84 @@ impl KvGroups {
         let mut spec_groups: Vec<SpecGroup> = Vec::new();
         for (i, spec) in specs.iter().enumerate() {
             match spec_groups.iter_mut().find(|g| g.spec == *spec) {
-                Some(group) => group.group_ids.push(i as u32),
+                Some(group) => {
+                    group.group_ids.push(i as u32);
+                    group.pool_group_ids.push(i as u32);
+                }
                 None => spec_groups.push(SpecGroup {
                     spec: *spec,
                     group_ids: vec![i as u32],
+                    pool_group_ids: vec![i as u32],
                 }),
             }
         }
         // Full attention first (a stable sort, as vLLM's): its left-to-right scan
         // bounds the others.
         spec_groups.sort_by_key(|g| !g.spec.is_full());
+        let pool_groups = (0..specs.len() as u32).collect();
         Ok(Self {
             specs,
             hash_block_size,
             scheduler_block_size,
             retention_interval,
             spec_groups,
+            pool_groups,
         })
+    }
+
+    /// The layout with its groups cached under the pool's group ids `ids` (one per
+    /// group, distinct) instead of their indices: a layout that is one part of a
+    /// model's groups, as vLLM's per-type manager of group `kv_cache_group_id` is.
+    pub fn with_pool_groups(mut self, ids: Vec<u32>) -> PoolResult<Self> {
+        if ids.len() != self.specs.len() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{} pool group ids for {} groups",
+                ids.len(),
+                self.specs.len()
+            )));
+        }
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(PoolError::InvalidArgument(format!(
+                "pool group id {} is given to two groups",
+                w[0]
+            )));
+        }
+        for g in &mut self.spec_groups {
+            g.pool_group_ids = g.group_ids.iter().map(|&i| ids[i as usize]).collect();
+        }
+        self.pool_groups = ids;
+        Ok(self)
+    }
+
+    /// The layout with hits and sliding-window tails on multiples of
+    /// `scheduler_block_size`, a multiple of the groups' least common block size:
+    /// a layout that is one part of a model whose other groups have other block
+    /// sizes (vLLM's per-type managers take the model's).
+    pub fn with_scheduler_block_size(mut self, scheduler_block_size: usize) -> PoolResult<Self> {
+        if scheduler_block_size == 0 || scheduler_block_size % self.scheduler_block_size != 0 {
+            return Err(PoolError::InvalidArgument(format!(
+                "scheduler_block_size ({scheduler_block_size}) must be a multiple of the groups' \
+                 least common block size ({})",
+                self.scheduler_block_size
+            )));
+        }
+        if let Some(r) = self.retention_interval {
+            if r % scheduler_block_size != 0 {
+                return Err(PoolError::InvalidArgument(format!(
+                    "retention_interval ({r}) must be a multiple of the scheduler block size \
+                     ({scheduler_block_size})"
+                )));
+            }
+        }
+        self.scheduler_block_size = scheduler_block_size;
+        Ok(self)
+    }
+
+    /// The pool's group id for the blocks of group `g`.
+    pub fn pool_group(&self, g: usize) -> u32 {
+        self.pool_groups[g]
     }
 
     /// One full-attention group of `block_size` (vLLM's unitary layout).
@@ -338,6 +404,41 @@ mod tests {
             .map(|g| g.group_ids.clone())
             .collect();
         assert_eq!(ids, vec![vec![1], vec![0, 2], vec![3]]);
+    }
+
+    #[test]
+    fn pool_group_ids_follow_their_groups_into_the_spec_groups() {
+        let specs = vec![
+            GroupSpec::sliding_window(16, 1024),
+            GroupSpec::full(16),
+            GroupSpec::sliding_window(16, 1024),
+        ];
+        let groups = KvGroups::new(specs, 16, None)
+            .unwrap()
+            .with_pool_groups(vec![7, 3, 5])
+            .unwrap();
+        let ids: Vec<(Vec<u32>, Vec<u32>)> = groups
+            .spec_groups()
+            .iter()
+            .map(|g| (g.group_ids.clone(), g.pool_group_ids.clone()))
+            .collect();
+        assert_eq!(ids, vec![(vec![1], vec![3]), (vec![0, 2], vec![7, 5])]);
+        assert_eq!(groups.pool_group(2), 5);
+        let layout = || KvGroups::new(vec![GroupSpec::full(16)], 16, None).unwrap();
+        assert!(layout().with_pool_groups(vec![]).is_err());
+        assert!(KvGroups::new(vec![GroupSpec::full(16); 2], 16, None)
+            .unwrap()
+            .with_pool_groups(vec![1, 1])
+            .is_err());
+        assert_eq!(
+            layout()
+                .with_scheduler_block_size(64)
+                .unwrap()
+                .scheduler_block_size(),
+            64
+        );
+        assert!(layout().with_scheduler_block_size(24).is_err());
+        assert!(layout().with_scheduler_block_size(0).is_err());
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub use eviction::{
     MAX_PRIORITY, MIN_GHOST_WINDOW,
 };
 pub use free_queue::{FreeQueue, FrontBatch, ListOrder, Place, QueueParts};
-pub use group_hits::{find_longest_hit, find_spec_hit, GroupHit};
+pub use group_hits::{check_window_max_length, find_longest_hit, find_spec_hit, GroupHit};
 pub use group_manager::GroupManager;
 pub use group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
 pub use hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};

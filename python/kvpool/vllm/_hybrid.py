@@ -42,7 +42,7 @@ from vllm.v1.request import Request, RequestStatus
 import kvpool
 from kvpool.vllm._manager import ManagerCommon
 from kvpool.vllm._options import pool_options
-from kvpool.vllm._views import BlockList, BlockPoolView, BlockView, block_ids_of
+from kvpool.vllm._views import BlockList, BlockPoolView, BlockView, block_ids_of, request_known
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _DEFAULT_ROLE = getattr(KVCacheGroupRole, "DEFAULT", None)
@@ -137,7 +137,7 @@ class _GroupRequestTables:
         return self[request_id] if request_id in self else default
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._tables
+        return request_known(self._tables.__contains__, request_id)
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._tables.request_ids())
@@ -166,7 +166,7 @@ class _GroupNumCached:
         return default if n is None else n
 
     def __contains__(self, request_id: object) -> bool:
-        return self._tables.num_cached_blocks(request_id, self._group) is not None  # type: ignore[arg-type]
+        return request_known(lambda r: self._tables.num_cached_blocks(r, self._group) is not None, request_id)
 
     def __iter__(self) -> Iterator[Any]:
         return (r for r in self._tables.request_ids() if r in self)

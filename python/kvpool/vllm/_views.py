@@ -12,7 +12,7 @@ allocation rules live in Rust (``kvpool.BlockTables``); nothing here changes sta
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -139,6 +139,15 @@ class KvpoolBlocks(KVCacheBlocks):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"KvpoolBlocks({self.ids.tolist()})"
+
+
+def request_known(lookup: Callable[[Any], bool], request_id: object) -> bool:
+    """``lookup(request_id)``, or ``False`` for something that is not a request id: the views
+    answer ``in`` as a dict does, for any key."""
+    try:
+        return lookup(request_id)
+    except kvpool.DtypeError:
+        return False
 
 
 def block_ids_of(blocks: KVCacheBlocks | Iterable[Any]) -> list[int]:
@@ -354,7 +363,7 @@ class _RequestTables:
         return self[request_id] if request_id in self else default
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._tables
+        return request_known(self._tables.__contains__, request_id)
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._tables.request_ids())
@@ -383,7 +392,7 @@ class _NumCached:
         return default if n is None else n
 
     def __contains__(self, request_id: object) -> bool:
-        return self._tables.num_cached_blocks(request_id) is not None  # type: ignore[arg-type]
+        return request_known(lambda r: self._tables.num_cached_blocks(r) is not None, request_id)
 
     def __iter__(self) -> Iterator[Any]:
         return (r for r in self._tables.request_ids() if r in self)

@@ -19,7 +19,9 @@ What differs from vLLM's classes, by design:
   blocks: a block the caller holds (from ``get_new_blocks``) passes its reference to the
   table; a free block is taken out of the free queue. vLLM's dict keeps such a block free and takes its reference count
   below zero when ``remove_skipped_blocks`` gives it back; kvpool never does. The list
-  assigned stays the request's table: calls that change the table update it in place.
+  assigned stays the request's table: calls that change the table update it in place. A
+  block whose references a pin or another manager's table on the pool holds is refused
+  (``InvalidArgumentError``): the table would take over a reference its caller does not hold.
 - Inserting a key for a free block (``cached_block_hash_to_block.insert``) moves it to the
   free queue's tail, as freeing a cached block does; vLLM's dict leaves it where it is.
 - Not covered (vLLM's own classes stay in use): Mamba, cross-attention, circular-buffer and
@@ -31,6 +33,7 @@ What differs from vLLM's classes, by design:
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from typing import Any, ClassVar
 
@@ -40,7 +43,7 @@ from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionS
 import kvpool
 from kvpool.vllm._hybrid import _GroupNumCached, group_spec
 from kvpool.vllm._manager import COUNTS
-from kvpool.vllm._views import BlockPoolView, BlockView, CachedBlocksView, _CacheDict, block_ids_of
+from kvpool.vllm._views import BlockPoolView, BlockView, CachedBlocksView, _CacheDict, block_ids_of, request_known
 
 __all__ = ["BlockPool", "ChunkedLocalAttentionManager", "FullAttentionManager", "SlidingWindowManager",
            "pool_key"]
@@ -77,16 +80,8 @@ class _StandInCachedBlocks(CachedBlocksView):
     def insert(self, key: Any, block: Any) -> None:
         """Cache ``block`` under ``key`` (a ``BlockHashWithGroupId``), as vLLM's tests do to
         fake a hit: a held block keeps its place; a free one is taken and freed again, which
-        puts it at the free queue's tail with its key."""
-        block_id = block.block_id
-        free = self._pool.ref_count(block_id) == 0
-        if free:
-            self._pool.touch([block_id])
-        try:
-            self._pool._set_block_hash(block_id, pool_key(get_block_hash(key)), get_group_id(key))
-        finally:
-            if free:
-                self._pool.free_blocks([block_id])
+        puts it at the free queue's tail with its key (one call, checked first)."""
+        self._pool._set_block_hash(block.block_id, pool_key(get_block_hash(key)), get_group_id(key), requeue=True)
 
 
 class BlockPool(BlockPoolView):
@@ -106,6 +101,9 @@ class BlockPool(BlockPoolView):
         super().__init__(pool, hash_block_size)
         self.cached_block_hash_to_block = _StandInCachedBlocks(pool)
         self.medium = medium
+        #: The managers built on this pool (each a group), so that a table handed to one
+        #: is checked against the others' tables.
+        self._managers: weakref.WeakSet[_SingleTypeManager] = weakref.WeakSet()
 
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
         """The block cached under ``block_hash`` for each group, or ``None`` if a group has none."""
@@ -124,7 +122,7 @@ class BlockPool(BlockPoolView):
         return [BlockView(pool, i) for i in pool.get_new_blocks(num_blocks).tolist()]
 
 
-class _RequestBlocks(MutableMapping[str, list[Any]]):
+class _RequestBlocks(MutableMapping[Any, list[Any]]):
     """``req_to_blocks``: request id -> its blocks. The tables are in Rust; a list the caller
     assigned is kept as the request's table and brought up to date after every call that
     changes it (``_sync``); any other request's table is read as a new list."""
@@ -167,10 +165,30 @@ class _RequestBlocks(MutableMapping[str, list[Any]]):
             # vLLM's dict would drop the old table's references on the floor.
             raise kvpool.InvalidArgumentError(
                 f"request {request_id!r} has a table already: free it or pop it first")
-        self._manager._tables.group_adopt_blocks(request_id, 0, block_ids_of(blocks))
+        ids = block_ids_of(blocks)
+        self._check_not_held_elsewhere(ids)
+        self._manager._tables.group_adopt_blocks(request_id, 0, ids)
         held = blocks if isinstance(blocks, list) else list(blocks)
         self._lists[request_id] = held
         self._sync(request_id)
+
+    def _check_not_held_elsewhere(self, ids: list[int]) -> None:
+        """Refuses blocks that another manager's table on the same pool holds: the reference
+        a table takes over must be the caller's (this manager's own tables are checked in
+        Rust, with pins)."""
+        manager = self._manager
+        null = manager._null_block.block_id
+        wanted = set(ids) - {null}
+        for other in manager.block_pool._managers:
+            if other is manager or not wanted:
+                continue
+            tables = other._tables
+            for rid in tables.request_ids():
+                taken = wanted.intersection(tables.get_blocks(rid)[0].tolist())
+                if taken:
+                    raise kvpool.InvalidArgumentError(
+                        f"block {min(taken)} is in request {rid!r}'s table of KV-cache group "
+                        f"{other.kv_cache_group_id}: a table takes over only references its caller holds")
 
     def __delitem__(self, request_id: str) -> None:
         self.pop(request_id)
@@ -189,10 +207,10 @@ class _RequestBlocks(MutableMapping[str, list[Any]]):
         return self._views(tables[0].tolist())
 
     def __contains__(self, request_id: object) -> bool:
-        return request_id in self._manager._tables
+        return request_known(self._manager._tables.__contains__, request_id)
 
-    def __iter__(self) -> Iterator[str]:
-        return (str(r) for r in self._manager._tables.request_ids())
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._manager._tables.request_ids())
 
     def __len__(self) -> int:
         return len(self._manager._tables)
@@ -233,7 +251,10 @@ class _SingleTypeManager:
         self.use_eagle = False
         self._pool = block_pool._pool
         self._tables = kvpool.GroupTables(self._pool, [group], max_model_len=1 << 62,
-                                          record_new_block_ids=bool(needs_kv_cache_zeroing))
+                                          record_new_block_ids=bool(needs_kv_cache_zeroing),
+                                          pool_group_ids=[kv_cache_group_id],
+                                          scheduler_block_size=scheduler_block_size)
+        block_pool._managers.add(self)
         self._record_new_block_ids = bool(needs_kv_cache_zeroing)
         self._null_block = block_pool.null_block
         self.req_to_blocks = _RequestBlocks(self)
