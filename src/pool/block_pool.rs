@@ -682,6 +682,19 @@ impl BlockPool {
     /// freed again, so it goes to the queue's tail with its key, as freeing a cached
     /// block puts it. Every check comes first: a refused call changes nothing.
     pub fn insert_block_key(&mut self, id: u32, key: BlockHashKey) -> PoolResult<()> {
+        let meta = self.keyable_block(id)?;
+        self.check_new_key(id, &meta, &key)?;
+        if meta.ref_cnt > 0 {
+            return self.set_block_key(id, Some(key));
+        }
+        self.touch(&[id])?;
+        self.set_block_key(id, Some(key))?;
+        self.free_blocks(&[id])
+    }
+
+    /// Block `id`'s metadata, if it may hold a key: caching is on, the id is in range
+    /// and not the null block.
+    fn keyable_block(&self, id: u32) -> PoolResult<BlockMeta> {
         if !self.config.enable_caching {
             return Err(PoolError::CachingDisabled);
         }
@@ -692,20 +705,19 @@ impl BlockPool {
                 reason: "is the null block",
             });
         }
+        Ok(*self.slab.get(id))
+    }
+
+    /// Block `id` (of metadata `meta`) has no key yet, and `key` is of the pool's width.
+    fn check_new_key(&self, id: u32, meta: &BlockMeta, key: &BlockHashKey) -> PoolResult<()> {
         self.check_hash_width(key.hash.as_bytes().len())?;
-        let meta = *self.slab.get(id);
         if meta.is_cached() {
             return Err(PoolError::BlockState {
                 block_id: id,
                 reason: "already holds a block hash",
             });
         }
-        if meta.ref_cnt > 0 {
-            return self.set_block_key(id, Some(key));
-        }
-        self.touch(&[id])?;
-        self.set_block_key(id, Some(key))?;
-        self.free_blocks(&[id])
+        Ok(())
     }
 
     /// Gives block `id` the prefix-cache key `key`, or takes its key away (`None`),
@@ -715,17 +727,7 @@ impl BlockPool {
     /// without one that is in use or free in the queue's list; an uncached free block
     /// (on the queue's stack or fresh) has no place for one.
     pub fn set_block_key(&mut self, id: u32, key: Option<BlockHashKey>) -> PoolResult<()> {
-        if !self.config.enable_caching {
-            return Err(PoolError::CachingDisabled);
-        }
-        self.check_ids(&[id])?;
-        if self.is_null(id) {
-            return Err(PoolError::BlockState {
-                block_id: id,
-                reason: "is the null block",
-            });
-        }
-        let meta = *self.slab.get(id);
+        let meta = self.keyable_block(id)?;
         let Some(key) = key else {
             if meta.key_slot != NIL {
                 self.map.remove(meta.key_slot);
@@ -737,13 +739,7 @@ impl BlockPool {
             }
             return Ok(());
         };
-        self.check_hash_width(key.hash.as_bytes().len())?;
-        if meta.is_cached() {
-            return Err(PoolError::BlockState {
-                block_id: id,
-                reason: "already holds a block hash",
-            });
-        }
+        self.check_new_key(id, &meta, &key)?;
         if meta.ref_cnt == 0
             && super::free_queue::Place::of(&meta) != super::free_queue::Place::List
         {
