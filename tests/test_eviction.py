@@ -81,6 +81,42 @@ def test_priority_arguments_are_checked_before_any_change(pool_cls: Any) -> None
         pool_cls(8).advance_clock(1.0)
     with pytest.raises(InvalidArgumentError):
         pool.advance_clock(-1.0)
+    # An int past a float's range is as infinite as inf; a clock never reaches inf.
+    with pytest.raises(InvalidArgumentError, match="finite"):
+        pool.cache_full_blocks(ids, keys(1, 2), 0, 2, priority=50, retention_s=10**400)
+    with pytest.raises(InvalidArgumentError, match="finite"):
+        pool.advance_clock(10**400)
+    pool.advance_clock(1.5e308)
+    with pytest.raises(InvalidArgumentError, match="largest time"):
+        pool.advance_clock(1.5e308)
+    assert pool.now == 1.5e308
+    assert pool.get_num_cached_blocks() == 0
+
+
+@pytest.mark.parametrize("manager_cls", MANAGERS)
+def test_a_manager_shows_the_free_queue_its_next_allocation_takes(manager_cls: Any) -> None:
+    """Reading the free queue moves blocks whose retention ran out, as the pool's does; the
+    next allocation then evicts the same blocks in both implementations."""
+    manager = manager_cls(16, 4, eviction="priority", clock="manual")
+
+    def run(rid: str, base: int, n: int = 9, free: bool = True, **kwargs: Any) -> list[int]:
+        tokens = list(range(base, base + n))
+        manager.add_request(rid, tokens, **kwargs)
+        hits, k = manager.get_computed_blocks(rid)
+        new = manager.allocate_slots(rid, n - k, num_new_computed_tokens=k, new_computed_blocks=hits)
+        if free:
+            manager.free(rid)
+        return [int(b) for b in new]
+
+    run("r1", 100, priority=80, retention_s=5)
+    run("r2", 200)
+    run("r3", 300, priority=50)
+    manager.advance_clock(10)
+    # r1's blocks (1, 2) ran out of their priority: they now go before r3's (5, 6).
+    assert manager.free_block_ids().tolist()[-6:] == [4, 3, 2, 1, 6, 5]
+    run("r4", 400)
+    assert run("r5", 1000, n=40, free=False) == [9, 10, 11, 12, 13, 14, 15, 4, 3, 2]
+    assert manager.free_block_ids().tolist() == [1, 8, 7, 6, 5]
 
 
 # ------------------------------------------------------------------ retention priorities
@@ -101,6 +137,15 @@ def test_high_priority_outlives_low_priority_then_reverts(pool_cls: Any) -> None
     serve(pool, [6000 + j for j in range(6)])
     assert cached(pool, [100, 101]) == 0
     pool.check_invariants()
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_a_duration_that_ran_out_is_no_longer_reported(pool_cls: Any) -> None:
+    pool = pool_cls(5, eviction="priority", clock="manual")
+    blocks = serve(pool, [1, 2], priority=35, retention_s=1.0)
+    assert pool.block_priority(blocks[0]) == (35, 1.0)
+    pool.advance_clock(5.0)
+    assert pool.block_priority(blocks[0]) == (35, None)
 
 
 @pytest.mark.parametrize("pool_cls", POOLS)

@@ -471,10 +471,9 @@ impl PyBlockPool {
         let id = self.one_id(block_id)?;
         Ok(self.with_pool(py, |pool| {
             let p = pool.eviction().priority_of(id);
-            if p.effective(pool.now()) == p.priority {
-                (p.priority, p.expires_at)
-            } else {
-                (pool::DEFAULT_PRIORITY, None)
+            match p.expires_at {
+                Some(t) if t <= pool.now() => (pool::DEFAULT_PRIORITY, None),
+                expires_at => (p.priority, expires_at),
             }
         }))
     }

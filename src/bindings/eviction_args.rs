@@ -106,7 +106,8 @@ pub fn opt_seconds_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<O
             format!("{what} must be a number of seconds, got {}", type_name(obj)),
         ));
     }
-    let value: f64 = obj.extract()?;
+    // An int past f64's range is as infinite as `inf` (not Python's OverflowError).
+    let value: f64 = obj.extract().unwrap_or(f64::INFINITY);
     if !value.is_finite() {
         return Err(error(
             py,

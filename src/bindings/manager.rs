@@ -554,7 +554,10 @@ impl PyKVCacheManager {
 
     /// The pool's free queue, head (next to be reused) to tail (introspection).
     fn free_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let ids: Vec<u32> = self.with_manager(py, |m| m.pool().free_block_ids().collect());
+        let ids: Vec<u32> = self.with_manager(py, |m| {
+            m.apply_expiries();
+            m.pool().free_block_ids().collect()
+        });
         ids_to_numpy(py, &ids)
     }
 

@@ -604,6 +604,11 @@ impl Eviction {
     pub fn advance_clock(&mut self, seconds: f64) -> PoolResult<()> {
         match &mut self.clock {
             Clock::Manual(t) if seconds.is_finite() && seconds >= 0.0 => {
+                if !(*t + seconds).is_finite() {
+                    return Err(PoolError::InvalidArgument(format!(
+                        "advance_clock({seconds}) would move the clock past the largest time"
+                    )));
+                }
                 *t += seconds;
                 Ok(())
             }

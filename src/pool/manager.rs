@@ -187,6 +187,13 @@ impl KVCacheManager {
         &self.pool
     }
 
+    /// Moves the free blocks whose retention ran out to their new list (see
+    /// [`BlockPool::apply_expiries`]), so that the free queue reads as the next
+    /// allocation will take it.
+    pub fn apply_expiries(&mut self) {
+        self.pool.apply_expiries();
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.hasher.block_size()

@@ -244,6 +244,8 @@ class BlockPool:
             raise InvalidArgumentError("advance_clock needs a pool built with clock='manual'")
         if value < 0:
             raise InvalidArgumentError(f"advance_clock takes a finite number of seconds >= 0, got {value}")
+        if not math.isfinite(self._clock.now() + value):
+            raise InvalidArgumentError(f"advance_clock({value}) would move the clock past the largest time")
         self._clock.advance(value)
 
     def __repr__(self) -> str:
@@ -746,7 +748,7 @@ class BlockPool:
         if self._policy is None or self._eviction != "priority":
             return (DEFAULT_PRIORITY, None)
         p = self._policy.priorities.get(block_id, BlockPriority())
-        if p.effective(self.now) != p.priority:
+        if p.expires_at is not None and p.expires_at <= self.now:
             return (DEFAULT_PRIORITY, None)
         return (p.priority, p.expires_at)
 
@@ -886,7 +888,10 @@ def _as_seconds(value: Any, name: str) -> float:
     """A finite number of seconds (int or float, not bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise DtypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past a float's range
+        seconds = math.inf
     if not math.isfinite(seconds):
         raise InvalidArgumentError(f"{name} must be finite, got {seconds}")
     return seconds
