@@ -282,3 +282,10 @@ def test_tables_cache_under_the_pool_group_ids_they_are_given() -> None:
         kvpool.GroupTables(pool, ["full"], max_model_len=1000, pool_group_ids=[1, 2])
     with pytest.raises(kvpool.InvalidArgumentError, match="multiple"):
         kvpool.GroupTables(pool, ["full"], max_model_len=1000, scheduler_block_size=6)
+
+
+def test_block_sizes_without_a_common_multiple_in_range_are_refused() -> None:
+    pool = kvpool.BlockPool(8, block_size=1)
+    sizes = [2**32 - 1, 2**32 - 5, 2**31 - 1]
+    with pytest.raises(kvpool.InvalidArgumentError, match="common multiple"):
+        kvpool.GroupTables(pool, [("full", None, s) for s in sizes], max_model_len=16)

@@ -250,3 +250,24 @@ def test_rust_step_matches_reference_step() -> None:
         play(ops, config.build(cls), config.build(ReferenceManager), oracle_steps_by_calls=False)
 
     check()
+
+
+@pytest.mark.parametrize("kind", ["KVCacheManager", "GroupManager"])
+def test_a_step_whose_counts_overflow_fails_before_scheduling_anyone(kind: str) -> None:
+    big = 2**63 - 1
+    if kind == "GroupManager":
+        manager: Any = kvpool.GroupManager(64, 16, ["full"], max_model_len=64)
+    else:
+        manager = kvpool.KVCacheManager(num_blocks=64, block_size=16, max_model_len=64)
+    manager.add_request("a", list(range(10)))
+    manager.add_request("b", list(range(20, 30)))
+    manager.allocate_slots("a", 10)
+
+    def state() -> Any:
+        return (manager.get_num_free_blocks(), manager.get_num_computed_tokens("b"),
+                np.asarray(manager.get_block_ids("b"), dtype=object).tolist())
+
+    before = state()
+    with pytest.raises(kvpool.InvalidArgumentError, match="add up"):
+        manager.schedule_step(["b", "a"], [5, big], num_lookahead_tokens=[0, big])
+    assert state() == before

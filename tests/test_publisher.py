@@ -264,3 +264,33 @@ def test_take_events_msgpack_into_a_ring_checks_it_before_taking_anything(owner:
     ring.close()
     with pytest.raises(RuntimeError):
         source.take_events_msgpack(3.0, replay=ring, seq=8)
+
+
+def test_a_bad_replay_request_does_not_stop_the_replay_service() -> None:
+    with ZmqPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        pool = kvpool.BlockPool(8, block_size=4, enable_events=True)
+        pool.reset_prefix_cache()
+        pub.publish_from(pool)
+        # A start past the buffer's signed 64-bit sequence numbers gets the end marker alone.
+        assert replay(pub, 2**63) == []
+        assert [seq for seq, _ in replay(pub, 0)] == [0]
+
+
+def test_a_late_joiner_skips_many_batches_seen_through_replay() -> None:
+    """``poll`` skips live batches that replay already gave in a loop, not a recursion (a
+    late joiner after more batches than Python's recursion limit)."""
+    with ZmqPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        listener = EventListener(pub.endpoint, pub.replay_endpoint, receive_hwm=100_000)
+        time.sleep(0.3)  # the subscription reaches the publisher
+        pool = kvpool.BlockPool(8, block_size=1, enable_events=True)
+        n = 1_500
+        for _ in range(n):
+            pool.reset_prefix_cache()
+            pub.publish_from(pool)
+        time.sleep(0.3)
+        assert listener.replay_from(0) == n
+        seen = 0
+        while listener.poll(500) is not None:
+            seen += 1
+        assert seen == n
+        listener.close()

@@ -248,3 +248,49 @@ def test_extra_keys_encode_as_vllms_publisher_would(manager_kind: str) -> None:
     specs = {0: ("full_attention", None)}
     assert ours.take_events_msgpack(3.0, data_parallel_rank=0, group_specs=specs) == expected
     assert wire.encode_batch(wire.from_pool_events(ours_py.take_events(), group_specs=specs), 3.0, 0) == expected
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_a_block_stored_of_no_hashes_is_vllms_bytes() -> None:
+    """Caching only null blocks stores no hash; vLLM's event then has ``extra_keys=None``, which
+    its encoder leaves out (a field at its default), and so must both of kvpool's encoders."""
+    import numpy as np
+    from vllm.distributed.kv_events import KVEventBatch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    params = SamplingParams(max_tokens=10)
+    params.update_from_generation_config({}, eos_token_id=100000)
+    request = Request(request_id="a", prompt_token_ids=list(range(32)), mm_features=None, sampling_params=params,
+                      pooling_params=None, lora_request=None, cache_salt=None,
+                      block_hasher=get_request_block_hasher(16, sha256))
+    theirs = BlockPool(8, True, 16, enable_kv_cache_events=True)
+    theirs.cache_full_blocks(request, [theirs.null_block, theirs.null_block], 0, 2, 16, 0)
+    expected = msgspec.msgpack.Encoder().encode(KVEventBatch(ts=1.0, events=theirs.take_events()))
+    pool = kvpool.BlockPool(8, block_size=16, enable_events=True)
+
+    def cache_null_blocks() -> None:
+        pool.cache_full_blocks(np.zeros(2, np.int32), list(request.block_hashes), 0, 2, token_ids=list(range(32)))
+
+    cache_null_blocks()
+    assert pool.take_events_msgpack(1.0) == expected
+    cache_null_blocks()
+    assert wire.encode_batch(wire.from_pool_events(pool.take_events()), 1.0) == expected
+
+
+def test_a_long_spec_kind_costs_only_the_events_that_name_it() -> None:
+    """The encoder's size estimate counts a group's spec once per ``BlockStored`` of that group:
+    20,000 removals beside a 5 MB spec kind are a small payload, not a failed allocation."""
+    n = 20_000
+    pool = kvpool.BlockPool(n + 1, block_size=1, enable_events=True)
+    hashes = kvpool.BlockHasher(1).hash_tokens(list(range(n)))
+    blocks = pool.get_new_blocks(n)
+    pool.cache_full_blocks(blocks, hashes, 0, n)
+    pool.free_blocks(blocks)
+    pool.evict_blocks(blocks)
+    out = pool.take_events_msgpack(1.0, group_specs={7: ("x" * 5_000_000, None)})
+    assert len(out) < 2_000_000

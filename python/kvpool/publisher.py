@@ -21,6 +21,7 @@ more (measured in ``benches/events_publish.py``). Needs ``pip install 'kvpool[wi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -35,6 +36,9 @@ from kvpool import wire
 
 #: The replay end marker's sequence frame.
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
+#: The largest sequence number (the replay buffer's are signed 64-bit).
+_MAX_SEQ = (1 << 63) - 1
+_LOG = logging.getLogger(__name__)
 
 def _no_events(payload: bytes) -> bool:
     """Whether an encoded batch (``[ts: float64, events, rank?]``) holds no event."""
@@ -262,15 +266,24 @@ class ZmqPublisher:
             if len(frames) != 3:
                 continue
             client, _, start = frames
-            first = int.from_bytes(start, "big")
-            held = self._buffer.batches_from(first)
-            with self._lock:
-                # Counted before the answer leaves: a client that has read the end marker
-                # sees its replay in stats().
-                self._replays += 1
-            for seq, payload in held:
-                self._replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
-            self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
+            try:
+                self._answer(client, start)
+            except Exception:  # one bad request must not stop the replay service
+                _LOG.exception("kvpool: a replay request from %r failed", client)
+
+    def _answer(self, client: bytes, start: bytes) -> None:
+        """Sends ``client`` the buffered batches from sequence number ``start`` (8 bytes,
+        big-endian; any longer or larger start gets none) on, then the end marker."""
+        assert self._replay is not None
+        first = min(int.from_bytes(start, "big"), _MAX_SEQ)
+        held = self._buffer.batches_from(first)
+        with self._lock:
+            # Counted before the answer leaves: a client that has read the end marker
+            # sees its replay in stats().
+            self._replays += 1
+        for seq, payload in held:
+            self._replay.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
 
 class EventListener:
@@ -325,24 +338,26 @@ class EventListener:
         return len(self._pending) - before
 
     def poll(self, timeout_ms: int = 1000) -> tuple[int, wire.EventBatch] | None:
-        """The next batch in sequence, or ``None`` if none came within ``timeout_ms``."""
-        while self._pending:
-            item = self._pending.popleft()
-            if self._next is None or item[0] >= self._next:
-                return self._take(item)
-        if not self._sub.poll(timeout_ms):
-            return None
-        _, seq_bytes, payload = self._sub.recv_multipart()
-        seq = int.from_bytes(seq_bytes, "big")
-        expected = 0 if self._next is None else self._next
-        if seq > expected:
-            self.gaps += 1
-            self._fetch(expected, seq)
-            self._pending.append((seq, wire.decode_batch(payload)))
-            return self._take(self._pending.popleft())
-        if seq < expected:
-            return self.poll(timeout_ms)  # already seen through replay
-        return self._take((seq, wire.decode_batch(payload)))
+        """The next batch in sequence, or ``None`` if none came within ``timeout_ms`` (of
+        each wait: batches already seen through replay are skipped and the wait starts again)."""
+        while True:
+            while self._pending:
+                item = self._pending.popleft()
+                if self._next is None or item[0] >= self._next:
+                    return self._take(item)
+            if not self._sub.poll(timeout_ms):
+                return None
+            _, seq_bytes, payload = self._sub.recv_multipart()
+            seq = int.from_bytes(seq_bytes, "big")
+            expected = 0 if self._next is None else self._next
+            if seq > expected:
+                self.gaps += 1
+                self._fetch(expected, seq)
+                self._pending.append((seq, wire.decode_batch(payload)))
+                return self._take(self._pending.popleft())
+            if seq == expected:
+                return self._take((seq, wire.decode_batch(payload)))
+            # seq < expected: already seen through replay.
 
     def _take(self, item: tuple[int, wire.EventBatch]) -> tuple[int, wire.EventBatch]:
         self._next = item[0] + 1

@@ -121,7 +121,9 @@ def from_pool_events(
                 block_hashes=[wire_hash(h) for h in e.block_hashes],
                 parent_block_hash=None if parent is None else wire_hash(parent),
                 token_ids=list(e.token_ids), block_size=e.block_size, lora_id=e.lora_id, medium=medium,
-                lora_name=e.lora_name, extra_keys=extra_keys(e) if e.extra_keys is None else list(e.extra_keys),
+                lora_name=e.lora_name,
+                # vLLM's `to_event_extra_keys` gives None (left off the wire) for no blocks.
+                extra_keys=(extra_keys(e) if e.extra_keys is None else list(e.extra_keys)) or None,
                 group_idx=e.group_idx, kv_cache_spec_kind=kind,
                 kv_cache_spec_sliding_window=window))
         elif isinstance(e, _events.BlockRemoved):

@@ -198,13 +198,15 @@ pub fn wire_hash(hash: &[u8]) -> u64 {
 /// An upper bound of the bytes [`encode_event_batch`] writes, so that it writes into one
 /// allocation.
 fn size_bound(events: &[PoolEvent], batch: &WireBatch<'_>) -> usize {
-    let fixed = 64
-        + batch.medium.len()
-        + batch
+    let fixed = 64 + batch.medium.len();
+    // A `BlockStored` names its own group's spec (kind and window), nothing else does.
+    let spec_bytes = |group: u32| {
+        batch
             .group_specs
             .iter()
-            .map(|(_, k, _)| k.map_or(0, str::len) + 48)
-            .sum::<usize>();
+            .find(|(g, _, _)| *g == group)
+            .map_or(0, |(_, k, _)| k.map_or(0, str::len) + 48)
+    };
     events
         .iter()
         .map(|e| match e {
@@ -214,9 +216,11 @@ fn size_bound(events: &[PoolEvent], batch: &WireBatch<'_>) -> usize {
                     token_ids,
                     lora_name,
                     extra_keys,
+                    group_idx,
                     ..
                 } = &**stored;
                 fixed
+                    + spec_bytes(*group_idx)
                     + 9 * token_ids.len()
                     + block_hashes.len() * (10 + lora_name.as_ref().map_or(1, |n| n.len() + 6))
                     + extra_keys.as_ref().map_or(0, |blocks| {
@@ -236,13 +240,13 @@ fn size_bound(events: &[PoolEvent], batch: &WireBatch<'_>) -> usize {
             PoolEvent::BlockRemoved { .. } => fixed,
             PoolEvent::AllBlocksCleared => 24,
         })
-        .sum::<usize>()
-        + 32
+        .fold(32, usize::saturating_add)
 }
 
 /// Appends the msgpack of one `EventBatch` of `events` to `out`.
 pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut Vec<u8>) {
-    out.reserve(size_bound(events, batch));
+    // A hint only: if it cannot be had, the writes grow the buffer as they go.
+    let _ = out.try_reserve(size_bound(events, batch));
     let mut w = Writer(out);
     w.array(3);
     w.f64(batch.ts);
@@ -272,7 +276,14 @@ pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut
                 let spec = batch.group_specs.iter().find(|(g, _, _)| g == group_idx);
                 let kind = spec.and_then(|s| s.1);
                 let window = spec.and_then(|s| s.2);
-                w.map16(10 + usize::from(kind.is_some()) + usize::from(window.is_some()));
+                // vLLM's `to_event_extra_keys` gives `None` for no blocks, and a field at
+                // its default (`None`) is left out.
+                let with_extra_keys = !block_hashes.is_empty();
+                w.map16(
+                    9 + usize::from(with_extra_keys)
+                        + usize::from(kind.is_some())
+                        + usize::from(window.is_some()),
+                );
                 w.str("type");
                 w.str("BlockStored");
                 w.str("block_hashes");
@@ -310,22 +321,24 @@ pub fn encode_event_batch(events: &[PoolEvent], batch: &WireBatch<'_>, out: &mut
                 w.str(batch.medium);
                 w.str("lora_name");
                 w.opt_str(lora_name.as_deref());
-                w.str("extra_keys");
-                w.array(block_hashes.len());
-                match extra_keys {
-                    Some(blocks) => {
-                        for keys in blocks {
-                            w.extra_keys(keys.as_deref());
+                if with_extra_keys {
+                    w.str("extra_keys");
+                    w.array(block_hashes.len());
+                    match extra_keys {
+                        Some(blocks) => {
+                            for keys in blocks {
+                                w.extra_keys(keys.as_deref());
+                            }
                         }
-                    }
-                    None => {
-                        for _ in block_hashes {
-                            match lora_name {
-                                Some(name) => {
-                                    w.array(1);
-                                    w.str(name);
+                        None => {
+                            for _ in block_hashes {
+                                match lora_name {
+                                    Some(name) => {
+                                        w.array(1);
+                                        w.str(name);
+                                    }
+                                    None => w.nil(),
                                 }
-                                None => w.nil(),
                             }
                         }
                     }

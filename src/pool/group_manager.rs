@@ -375,6 +375,10 @@ impl StepManager for GroupManager {
         self.requests.contains_key(id)
     }
 
+    fn num_tokens_of(&self, id: &RequestId) -> usize {
+        self.requests.get(id).map_or(0, |r| r.seq.num_tokens())
+    }
+
     fn is_waiting(&self, id: &RequestId) -> bool {
         let started = self
             .requests

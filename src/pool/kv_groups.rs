@@ -209,7 +209,15 @@ impl KvGroups {
                 )));
             }
         }
-        let scheduler_block_size = specs.iter().map(|s| s.block_size).fold(1, lcm);
+        let scheduler_block_size = specs
+            .iter()
+            .try_fold(1, |acc, s| lcm(acc, s.block_size))
+            .ok_or_else(|| {
+                PoolError::InvalidArgument(
+                    "the groups' block sizes have no common multiple within the largest count"
+                        .into(),
+                )
+            })?;
         let sparse = specs
             .iter()
             .any(|s| matches!(s.kind, AttentionKind::SlidingWindow { .. }));
@@ -357,12 +365,13 @@ impl KvGroups {
 }
 
 /// The least common multiple of `a` and `b` (both at least 1).
-fn lcm(a: usize, b: usize) -> usize {
+/// The least common multiple of `a` and `b` (both at least 1), `None` past `usize`.
+fn lcm(a: usize, b: usize) -> Option<usize> {
     let (mut x, mut y) = (a, b);
     while y != 0 {
         (x, y) = (y, x % y);
     }
-    a / x * b
+    (a / x).checked_mul(b)
 }
 
 #[cfg(test)]

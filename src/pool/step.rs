@@ -121,6 +121,8 @@ pub(super) trait StepManager {
     ) -> PoolResult<Attempt>;
     /// Preempts a known request.
     fn preempt_request(&mut self, id: &RequestId) -> PoolResult<()>;
+    /// The tokens known request `id` has (computed and prefix-hit tokens are at most this).
+    fn num_tokens_of(&self, id: &RequestId) -> usize;
     /// An estimate of the new block ids `step` may add (at most the pool's size), to
     /// reserve their room once instead of growing it by doubling; 0 for no estimate.
     fn new_blocks_hint(&self, _step: &[StepRequest<'_>]) -> usize {
@@ -139,6 +141,19 @@ pub(super) fn run_step<M: StepManager>(
 ) -> PoolResult<()> {
     if let Some(r) = step.iter().find(|r| !m.knows(r.id)) {
         return Err(unknown(r.id));
+    }
+    // Each request's counts add up (its tokens bound the computed and hit ones), checked
+    // here so that a step that would fail on them fails before any request is scheduled.
+    if let Some(r) = step.iter().find(|r| {
+        m.num_tokens_of(r.id)
+            .checked_add(r.num_new_tokens)
+            .and_then(|n| n.checked_add(r.num_lookahead_tokens))
+            .is_none()
+    }) {
+        return Err(PoolError::InvalidArgument(format!(
+            "request {}: its tokens, new tokens and lookahead tokens add up past the largest count",
+            r.id
+        )));
     }
     if limits.preempt && step.len() > 1 {
         let mut seen = hashbrown::HashSet::with_capacity(step.len());
@@ -244,6 +259,10 @@ impl StepManager for KVCacheManager {
 
     fn knows(&self, id: &RequestId) -> bool {
         self.requests.contains_key(id)
+    }
+
+    fn num_tokens_of(&self, id: &RequestId) -> usize {
+        self.requests.get(id).map_or(0, |r| r.seq.num_tokens())
     }
 
     fn is_waiting(&self, id: &RequestId) -> bool {

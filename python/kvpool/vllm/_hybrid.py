@@ -17,6 +17,7 @@ groups, eagle, lookahead hashing, context parallelism, metrics collectors.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,8 @@ import kvpool
 from kvpool.vllm._manager import ManagerCommon
 from kvpool.vllm._options import pool_options
 from kvpool.vllm._views import BlockList, BlockPoolView, BlockView, block_ids_of, request_known
+
+_LOG = logging.getLogger(__name__)
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 _DEFAULT_ROLE = getattr(KVCacheGroupRole, "DEFAULT", None)
@@ -208,6 +211,12 @@ class GroupsPoolView(BlockPoolView):
         if block_mask is not None and not all(block_mask):
             raise NotImplementedError("kvpool.vllm caches masked blocks only through its group tables")
         token_ids = request.all_token_ids if self._pool.enable_events else None
+        if block_size != self.hash_block_size:
+            # The pool's keys are hashes of hash_block_size tokens; a larger block would be
+            # keyed by its last one, which GroupTables does (vLLM's hashes at that size).
+            raise NotImplementedError(
+                f"kvpool.vllm caches blocks of {block_size} tokens (hash_block_size {self.hash_block_size}) "
+                "only through its group tables")
         self._pool.cache_full_blocks(block_ids_of(blocks), request.block_hashes, num_cached_blocks, num_full_blocks,
                                      group_id=kv_cache_group_id, token_ids=token_ids)
         if self.on_cached is not None:
@@ -297,6 +306,9 @@ class HybridKVCacheManager(ManagerCommon):
         self.metrics_collector = metrics_collector
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.block_size: int = specs[0].block_size
+        #: Each group's block size, by group index.
+        self._block_sizes = [spec.block_size for spec in specs]
+        self._hash_block_size = hash_block_size
         retention = kv_cache_config.prefix_cache_retention_interval
         _validate_retention(retention, scheduler_block_size, kv_cache_config)
         self._pool = kvpool.BlockPool(kv_cache_config.num_blocks, block_size=hash_block_size,
@@ -367,13 +379,18 @@ class HybridKVCacheManager(ManagerCommon):
             to_event_extra_keys,
         )
 
-        bs = self.block_size
+        # The group's blocks, each keyed by the last hash within it (vLLM's view of the
+        # hashes at the group's block size).
+        bs = event.block_size
+        scale = bs // self._hash_block_size
         hashes, parent = request.block_hashes, event.parent_block_hash
-        first = 0 if parent is None else next(i for i in range(len(hashes) - 1, -1, -1) if hashes[i] == parent) + 1
+        first = 0 if parent is None else (next(i for i in range(len(hashes) - 1, -1, -1)
+                                               if hashes[i] == parent) + 1) // scale
         stored = event.block_hashes
         extra_keys_list, mm_idx, k = [], 0, 0
         for b in range(first, first + len(event.token_ids) // bs):
-            if k < len(stored) and hashes[b] == stored[k]:
+            last = (b + 1) * scale - 1
+            if k < len(stored) and last < len(hashes) and hashes[last] == stored[k]:
                 keys, mm_idx = generate_block_hash_extra_keys(request, b * bs, (b + 1) * bs, mm_idx)
                 extra_keys_list.append(keys)
                 k += 1
@@ -403,8 +420,13 @@ class HybridKVCacheManager(ManagerCommon):
         events = list(self._events)
         self._events.clear()
         for event in events:
-            if isinstance(event, BlockStored) and event.group_idx is not None:
-                event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = self._event_metadata[event.group_idx]
+            if not isinstance(event, BlockStored) or event.group_idx is None:
+                continue
+            if not 0 <= event.group_idx < len(self._event_metadata):
+                # vLLM's manager warns and passes the event on as it is.
+                _LOG.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                continue
+            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = self._event_metadata[event.group_idx]
         return events
 
     # -- reads -------------------------------------------------------------------------------
@@ -423,8 +445,8 @@ class HybridKVCacheManager(ManagerCommon):
         return tuple(g.tolist() for g in self._tables.get_blocks(request_id))
 
     def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
-        n = -(-num_computed_tokens // self.block_size)
-        return tuple(g[:n].tolist() for g in self._tables.get_blocks(request_id))
+        return tuple(g[:-(-num_computed_tokens // bs)].tolist()
+                     for g, bs in zip(self._tables.get_blocks(request_id), self._block_sizes))
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens covered by every group's cached blocks: per group, the end of its last
@@ -499,9 +521,9 @@ class HybridKVCacheManager(ManagerCommon):
         return True
 
     def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
-        n = num_computed_tokens // self.block_size
         groups = group_ids_of(blocks, self.num_kv_cache_groups)
-        return self.create_kv_cache_blocks(tuple(np.asarray(g[:n], dtype=np.int32) for g in groups))
+        return self.create_kv_cache_blocks(tuple(np.asarray(g[:num_computed_tokens // bs], dtype=np.int32)
+                                                 for g, bs in zip(groups, self._block_sizes)))
 
     def take_new_block_ids(self) -> list[int]:
         if not self._records_new_block_ids:

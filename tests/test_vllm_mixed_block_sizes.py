@@ -1,0 +1,92 @@
+"""``kvpool.vllm.KVCacheManager`` with KV-cache groups of different block sizes, against vLLM
+0.33's own manager: the calls that read or cut a request's blocks per group, and the
+``BlockStored`` events of each group (its block size, hashes and extra keys)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+
+def request(request_id: str, cache_salt: str | None = None) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    params = SamplingParams(max_tokens=100)
+    params.update_from_generation_config({}, eos_token_id=100000)
+    return Request(request_id=request_id, prompt_token_ids=list(range(100)), mm_features=None,
+                   sampling_params=params, pooling_params=None, lora_request=None, cache_salt=cache_salt,
+                   block_hasher=get_request_block_hasher(16, sha256))
+
+
+def managers(specs: list[Any], events: bool = False) -> list[Any]:
+    """vLLM's manager and kvpool's over the same groups (hashes of 16 tokens)."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    import kvpool.vllm
+
+    config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
+    return [cls(config, max_model_len=1024, scheduler_block_size=32, hash_block_size=16, enable_caching=True,
+                enable_kv_cache_events=events) for cls in (KVCacheManager, kvpool.vllm.KVCacheManager)]
+
+
+def full(block_size: int) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+def window(block_size: int, tokens: int) -> Any:
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                             sliding_window=tokens)
+
+
+def serve(manager: Any, req: Any) -> None:
+    blocks, n = manager.get_computed_blocks(req)[:2]
+    manager.allocate_slots(req, req.num_tokens - n, n, blocks)
+
+
+def ids(blocks: Any) -> list[list[int]]:
+    return [[b.block_id for b in group] for group in blocks.blocks]
+
+
+def test_each_group_is_cut_at_its_own_block_size() -> None:
+    seen = []
+    for manager in managers([full(16), full(32)]):
+        serve(manager, request("a"))
+        hit, n = manager.get_computed_blocks(request("b"))[:2]
+        seen.append((manager.get_block_ids_for_computed_tokens("a", 64), n, ids(hit),
+                     ids(manager.truncate_computed_blocks(hit, 32))))
+    vllm, kvpool_side = seen
+    assert kvpool_side == vllm
+    assert vllm[0] == ([1, 2, 3, 4], [8, 9])  # 64 tokens: four blocks of 16, two of 32
+
+
+@pytest.mark.parametrize("sizes", [(16, 32), (32, 16)])
+def test_each_groups_block_stored_has_its_block_size_and_extra_keys(sizes: tuple[int, int]) -> None:
+    seen = []
+    for manager in managers([full(sizes[0]), window(sizes[1], 64)], events=True):
+        serve(manager, request("a", cache_salt="salt"))
+        seen.append([(e.group_idx, e.block_size, e.block_hashes, e.extra_keys) for e in manager.take_events()])
+    assert seen[1] == seen[0]
+    assert all(keys[0] == ("salt",) for _, _, _, keys in seen[0])
+
+
+def test_an_event_of_a_group_outside_the_layout_is_passed_on() -> None:
+    seen = []
+    for manager in managers([full(16), window(16, 32)], events=True):
+        pool = manager.block_pool
+        pool.cache_full_blocks(request("a"), pool.get_new_blocks(2), 0, 2, 16, 5)
+        seen.append([(type(e).__name__, e.group_idx, e.kv_cache_spec_kind) for e in manager.take_events()])
+    assert seen[1] == seen[0] == [("BlockStored", 5, None)]
