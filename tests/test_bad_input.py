@@ -223,6 +223,9 @@ RANGE_CASES: list[tuple[str, Callable[[Any], Any], type[BaseException]]] = [
     ("manager", lambda m: m.allocate_slots("b", -1), InvalidArgumentError),
     ("manager", lambda m: m.schedule_step(["b", "a"], [1]), InvalidArgumentError),
     ("manager", lambda m: m.set_num_computed_tokens("b", 10**6), InvalidArgumentError),
+    # Int-like request ids past int64 are out of range, as ints are (not of a wrong type).
+    ("manager", lambda m: m.add_request(np.uint64(2**64 - 1), [1]), InvalidArgumentError),
+    ("manager", lambda m: m.free_many(np.array([2**64 - 1], np.uint64)), InvalidArgumentError),
     ("hasher", lambda h: h.hash_block(b"", [1]), HashWidthError),
     ("hasher", lambda h: h.hash_block(b"x" * 33, [1]), HashWidthError),
     ("hasher", lambda h: h.hash_block(None, [1], 2**200), InvalidArgumentError),
@@ -246,6 +249,10 @@ TABLES_CASES: list[tuple[Callable[[Any], Any], type[BaseException]]] = [
     (lambda t: t.allocate_slots("a", 9, 13, [DIGEST, b"\x02" * 32], 4, 4, [1]), InvalidArgumentError),
     (lambda t: t.allocate_slots(S, 0, 8, [], 4), InvalidArgumentError),
     (lambda t: t.cache_blocks("a", [DIGEST, b"\x02" * 32, b"\x03" * 16], 12), HashWidthError),
+    # Token ids (for the events) too few for the blocks the call caches: refused before
+    # any block is allocated.
+    (lambda t: t.allocate_slots("c", 0, 8, [DIGEST, b"\x02" * 32], 8, token_ids=[1, 2, 3]),
+     InvalidArgumentError),
     (lambda t: t.num_blocks_to_allocate("a", True), DtypeError),
     (lambda t: allocator(t).allocate_slots(FakeRequest("c", 0, 8, []), True), DtypeError),
     (lambda t: allocator(t).allocate_slots(object(), 4), DtypeError),
@@ -475,3 +482,19 @@ def test_empty_batches_change_nothing() -> None:
     m.schedule_step([], 4)
     m.free_many([])
     assert manager_state(m) == before
+
+
+def test_a_manager_without_caching_refuses_uint64_tokens_past_int64() -> None:
+    manager = kvpool.KVCacheManager(16, 4, enable_caching=False)
+    with pytest.raises(InvalidArgumentError, match="beyond int64"):
+        manager.add_request("a", np.array([1, 2**64 - 1], dtype=np.uint64))
+    assert "a" not in manager
+    assert manager.add_request("a", np.array([1, 2**63 - 1], dtype=np.uint64)) is None
+
+
+def test_connector_tokens_past_max_model_len_get_no_blocks_past_it() -> None:
+    pool = kvpool.BlockPool(64, block_size=BS)
+    tables = kvpool.BlockTables(pool, max_model_len=8)
+    tables.allocate_slots("r", 0, 8, [], 1, num_external_computed_tokens=100)
+    assert len(tables.get_blocks("r")) == 8 // BS
+    tables.check_invariants()

@@ -425,3 +425,34 @@ def test_python_code_run_by_kvpool_may_call_back_into_it() -> None:
 
 def test_threads_share_the_eviction_policies_pins_and_priorities() -> None:
     assert run_script(POLICIES, str(SECONDS)).strip() == "ok"
+
+
+BORROWED_WHILE_WAITING = """
+import threading, time
+import numpy as np
+import kvpool
+
+hasher = kvpool.BlockHasher(16, hash_algo="sha256")
+big = np.arange(4_000_000, dtype=np.int64) % 1000
+small = np.arange(4000, dtype=np.int64)
+expected = hasher.hash_tokens(small.copy())
+got = []
+holder = threading.Thread(target=lambda: hasher.hash_tokens(big))
+holder.start()
+time.sleep(0.005)
+waiter = threading.Thread(target=lambda: got.append(hasher.hash_tokens(small)))
+waiter.start()
+time.sleep(0.002)
+small.resize(0, refcheck=False)  # the array the waiter was given shrinks under it
+holder.join()
+waiter.join()
+print("ok" if got[0] == expected else "changed")
+"""
+
+
+def test_an_array_borrowed_by_a_call_that_waits_for_a_lock_is_copied_first() -> None:
+    """A small int64 array is read in place, which is only safe while the GIL is kept; a call
+    that has to wait for the hasher (and so gives the GIL up) hashes a copy: the array may
+    change or shrink meanwhile without changing the answer or aborting the process."""
+    for _ in range(3):
+        assert run_script(BORROWED_WHILE_WAITING).strip() == "ok"

@@ -544,7 +544,9 @@ pub fn opt_bool_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool) -
 
 /// Calls `f` with `obj`'s integers as `i64`s: borrowed in place from a contiguous
 /// `int64` numpy array (no copy), else converted by [`extract_i64s`]. The GIL stays
-/// held while `f` runs, so the array cannot change under it.
+/// held while `f` runs, so the array cannot change under it: `f` must not give the GIL
+/// up (a lock it may have to wait for is taken with `locking::lock_if_free`, else
+/// waited for with a copy).
 pub fn with_i64s<R>(
     obj: &Bound<'_, PyAny>,
     what: &str,
@@ -580,6 +582,22 @@ pub fn count_tokens(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
     }
     if let Ok(arr) = obj.cast::<PyUntypedArray>() {
         let kind = arr.dtype().kind();
+        if arr.ndim() == 1 && kind == b'u' && arr.dtype().itemsize() == 8 {
+            // The one integer dtype with values past int64: those are refused, as
+            // converting them would (a pass over the array, for this dtype only).
+            if let Ok(values) = arr.cast::<PyArray1<u64>>() {
+                if let Ok(ro) = values.try_readonly() {
+                    if ro.as_array().iter().any(|&v| v > i64::MAX as u64) {
+                        return Err(error(
+                            obj.py(),
+                            ErrorKind::InvalidArgument,
+                            format!("{what} holds integers beyond int64"),
+                        ));
+                    }
+                    return Ok(arr.len());
+                }
+            }
+        }
         if arr.ndim() == 1 && (kind == b'i' || kind == b'u') {
             return Ok(arr.len());
         }

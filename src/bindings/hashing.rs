@@ -10,7 +10,7 @@ use super::convert::{extract_i64s, int_arg, opt_str_arg, str_arg, type_name, utf
 use super::errors::{error, ErrorKind};
 pub use super::hash_list::PyBlockHashList;
 use super::int_reader::ListTokens;
-use super::locking::{with_detached, with_lock};
+use super::locking::{lock_if_free, with_detached, with_lock};
 use crate::pool::hashing::{
     self, none_hash, BlockHasher, ExtraObjects, HashAlgo, MmFeature, ObjectId, Offset, TokenSource,
     Value, MAX_DEPTH,
@@ -407,14 +407,27 @@ impl PyBlockHasher {
             )
         };
         // The tokens are converted (or an int64 array borrowed) before the lock is taken.
-        with_i64s(&rest, "token_ids", |tokens| {
+        // A borrowed array is only safe while the GIL is kept, so the lock is waited for
+        // (which gives the GIL up) only with a copy, the borrow let go.
+        let copied = with_i64s(&rest, "token_ids", |tokens| {
             if tokens.len() > 4096 {
-                let tokens = tokens.to_vec();
-                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens, out))
-            } else {
-                with_lock(py, &self.hasher, |hasher| chain(hasher, tokens, out))
+                return Some(tokens.to_vec());
+            }
+            match lock_if_free(&self.hasher) {
+                Some(mut hasher) => {
+                    chain(&mut hasher, tokens, out);
+                    None
+                }
+                None => Some(tokens.to_vec()),
             }
         })?;
+        if let Some(tokens) = copied {
+            if tokens.len() > 4096 {
+                with_detached(py, &self.hasher, |hasher| chain(hasher, &tokens, out));
+            } else {
+                with_lock(py, &self.hasher, |hasher| chain(hasher, &tokens, out));
+            }
+        }
         Ok(())
     }
 }

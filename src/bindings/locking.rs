@@ -61,6 +61,18 @@ pub fn try_with_lock<T: Send, R>(mutex: &Mutex<T>, f: impl FnOnce(&mut T) -> R) 
     }
 }
 
+/// The guard of `mutex` if it is free now (never waits, never gives up the GIL):
+/// for a caller that holds memory only safe while the GIL is kept, and otherwise
+/// copies it before taking the lock with [`with_lock`].
+#[inline]
+pub fn lock_if_free<T: Send>(mutex: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match mutex.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Runs `f` on the value behind `mutex` with the GIL released, the lock taken (and
 /// waited for) inside that section.
 pub fn with_detached<T: Send, R: Send>(

@@ -18,15 +18,17 @@ pub fn request_key<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<RequestKey<'a>> {
         return Ok(RequestKey::Str(utf8_str(s, "a request id")?));
     }
     if !super::convert::is_bool_like(obj) {
-        if let Ok(i) = obj.extract::<i64>() {
-            return Ok(RequestKey::Int(i));
-        }
-        if obj.is_instance_of::<pyo3::types::PyInt>() {
-            return Err(error(
-                obj.py(),
-                ErrorKind::InvalidArgument,
-                "an int request id must fit in int64",
-            ));
+        match obj.extract::<i64>() {
+            Ok(i) => return Ok(RequestKey::Int(i)),
+            // An int, or an int-like (numpy scalar, `__index__`), past int64.
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
+                return Err(error(
+                    obj.py(),
+                    ErrorKind::InvalidArgument,
+                    "an int request id must fit in int64",
+                ));
+            }
+            Err(_) => {}
         }
     }
     Err(error(

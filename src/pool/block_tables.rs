@@ -18,7 +18,7 @@ use hashbrown::HashMap;
 use super::block_pool::{BlockPool, CacheBlocks};
 use super::error::{PoolError, PoolResult};
 use super::hash_key::HashSlice;
-use super::known_hashes::KnownHashes;
+use super::known_hashes::{check_event_tokens, KnownHashes};
 use super::manager::LoraInfo;
 use super::request_id::{RequestId, RequestKey};
 use super::slots;
@@ -284,6 +284,23 @@ impl BlockTables {
             .saturating_add(call.num_lookahead_tokens)
             .min(max_len);
         let need = Self::table_blocks_to_allocate(table, pool, need_slots, hits);
+        if !call.delay_cache_blocks {
+            // The blocks this call caches: full within its tokens, with a hash, held.
+            let known = KnownHashes::len_after(
+                table.map(|t| &t.hashes),
+                call.hashes_from,
+                call.block_hashes,
+            );
+            let held = table
+                .map_or(0, |t| t.blocks.len())
+                .max(need_slots.div_ceil(block_size));
+            let cached_to = total
+                .saturating_add(call.num_new_tokens)
+                .min(num_tokens)
+                .min(known.saturating_mul(block_size))
+                .min(held.saturating_mul(block_size));
+            check_event_tokens(pool, call.token_ids, cached_to, [block_size])?;
+        }
         if need.saturating_add(call.watermark_blocks) as i128 > free - call.reserved_blocks as i128
         {
             return Ok(false);
@@ -301,9 +318,9 @@ impl BlockTables {
         }
         let first_new = table.blocks.len();
         if adopt && call.num_external_computed_tokens > 0 {
-            // The connector's blocks belong to the table, not to the result.
-            let want = num_local
-                .saturating_add(call.num_external_computed_tokens)
+            // The connector's blocks belong to the table, not to the result; like every
+            // slot, they stop at max_model_len (so the count above covers them).
+            let want = total
                 .div_ceil(block_size)
                 .saturating_sub(table.blocks.len());
             pool.get_new_blocks(want, &mut table.blocks)?;

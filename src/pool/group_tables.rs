@@ -30,7 +30,7 @@ use super::eviction::BlockPriority;
 use super::group_hits::{find_longest_hit, GroupHit};
 use super::group_steps::{allocate_external, check_hit_boundary, grow_to};
 use super::hash_key::HashSlice;
-use super::known_hashes::KnownHashes;
+use super::known_hashes::{check_event_tokens, KnownHashes};
 use super::kv_groups::{AttentionKind, KvGroups};
 use super::manager::{event_extra_keys, LoraInfo};
 use super::partial_keys::PartialBlock;
@@ -503,6 +503,24 @@ impl GroupTables {
             num_local + call.num_external_computed_tokens,
             false,
         );
+        if !call.delay_cache_blocks {
+            // The tokens of the blocks this call caches (a hybrid layout caches whole hit
+            // steps), for the events.
+            let known = KnownHashes::len_after(
+                table.map(|t| &t.hashes),
+                call.hashes_from,
+                call.block_hashes,
+            );
+            let mut cached_to = (total + call.num_new_tokens)
+                .min(call.num_tokens)
+                .min(known.saturating_mul(self.layout.hash_block_size()));
+            if self.layout.len() > 1 {
+                let sbs = self.layout.scheduler_block_size();
+                cached_to = cached_to / sbs * sbs;
+            }
+            let sizes = self.layout.specs().iter().map(|s| s.block_size);
+            check_event_tokens(pool, call.token_ids, cached_to, sizes)?;
+        }
         let free = pool.num_free_blocks() as i128;
         if need.saturating_add(call.watermark_blocks) as i128 > free - call.reserved_blocks as i128
         {

@@ -63,6 +63,16 @@ impl KnownHashes {
         Ok(())
     }
 
+    /// How many hashes are known once `hashes`, from index `from`, are learnt.
+    pub fn len_after(known: Option<&Self>, from: usize, hashes: HashSlice<'_>) -> usize {
+        let len = known.map_or(0, Self::len);
+        if hashes.is_empty() {
+            len
+        } else {
+            len.max(from.saturating_add(hashes.len()))
+        }
+    }
+
     /// Appends the hashes past the known ones (`hashes` starts at index `from`,
     /// which [`Self::check`] has accepted).
     pub fn learn(&mut self, from: usize, hashes: HashSlice<'_>) {
@@ -78,4 +88,32 @@ impl KnownHashes {
                 .extend_from_slice(&hashes.as_bytes()[skip * self.width..]);
         }
     }
+}
+
+/// A call that caches blocks (with events on, so that `token_ids` feed the events)
+/// has the tokens of every block it will cache: those full within `cached_to`
+/// tokens, for each block size in `block_sizes`. Checked before anything changes.
+pub fn check_event_tokens(
+    pool: &BlockPool,
+    token_ids: Option<&[i64]>,
+    cached_to: usize,
+    block_sizes: impl IntoIterator<Item = usize>,
+) -> PoolResult<()> {
+    let Some(tokens) = token_ids else {
+        return Ok(());
+    };
+    if !pool.config().enable_caching || !pool.config().enable_events {
+        return Ok(());
+    }
+    for bs in block_sizes {
+        let need = cached_to / bs * bs;
+        if tokens.len() < need {
+            return Err(PoolError::InvalidArgument(format!(
+                "{} token ids cannot fill the {} blocks of {bs} tokens this call caches",
+                tokens.len(),
+                cached_to / bs
+            )));
+        }
+    }
+    Ok(())
 }

@@ -629,6 +629,11 @@ class KVCacheManager:
         if may_preempt and len(set(rids)) < len(rids):
             dup = next(r for i, r in enumerate(rids) if r in rids[:i])
             raise InvalidArgumentError(f"request {dup} appears twice in a step with preemption")
+        for rid, request, wanted, lookahead in zip(rids, requests, budgets, lookaheads):
+            # Counts the Rust core holds in 64 bits: refused before any request is scheduled.
+            if len(request.tokens) + wanted + lookahead > 2**64 - 1:
+                raise InvalidArgumentError(
+                    f"request {rid!r}: its tokens, new tokens and lookahead tokens add up past the largest count")
 
         left = I64_MAX if budget is None else budget
         cap = I64_MAX if cap is None else cap
