@@ -10,7 +10,7 @@ use pyo3::types::PyTuple;
 use super::block_pool::{pool_arg, PyBlockPool};
 use super::convert::{
     extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
-    with_scratch,
+    sync_known_hashes, with_scratch,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
@@ -89,7 +89,7 @@ impl PyBlockTables {
         // Only the hashes the tables do not have yet cross (a request's hashes only grow);
         // without prefix caching none is read.
         let known = if self.config.enable_caching && !block_hashes.is_empty().unwrap_or(true) {
-            self.with_tables(py, |t| t.num_known_hashes(id))
+            sync_known_hashes(py, &self.inner, id, block_hashes)
         } else {
             0
         };
@@ -258,7 +258,7 @@ impl PyBlockTables {
     ) -> PyResult<()> {
         let id = super::requests::request_key(request_id)?;
         let n = int_arg(num_tokens, "num_tokens", 0, i64::MAX)? as usize;
-        let known = self.with_tables(py, |t| t.num_known_hashes(id));
+        let known = sync_known_hashes(py, &self.inner, id, block_hashes);
         let mut flat = Vec::new();
         let (hashes_from, width) = extract_hashes_after(block_hashes, known, &mut flat)?;
         let mut tokens = Vec::new();

@@ -18,6 +18,8 @@ use pyo3::types::{
 use super::array_reader::{self, Ids};
 use super::errors::{error, ErrorKind};
 use super::int_reader;
+use super::locking::with_lock;
+use crate::pool::{KnowsHashes, RequestKey, MAX_HASH_WIDTH};
 
 /// True for Python's `bool` and numpy's bool scalar (which numpy before 2.3 lets pass
 /// as an index, with a warning): flags, never ids or counts. A plain `int` is settled
@@ -492,6 +494,86 @@ pub fn extract_hashes_after(
         Some(tail) => Ok((skip, extract_hashes(&tail, flat)?)),
         None => Ok((0, extract_hashes(obj, flat)?)),
     }
+}
+
+/// How many of a request's hashes the tables knew (`known`, the last of them
+/// `last`) still hold for `obj`, its current hashes: `known` when the list still has
+/// that hash at that index, else the index of the first hash that differs, found in
+/// `all` (every known hash, back to back, `width` bytes each; read only then). vLLM's
+/// streaming sessions cut a request's hashes back and grow them again with other
+/// tokens; hashes are a chain, so once one matches every one before it does. Only
+/// lists and tuples of `bytes` are compared (anything else is taken as it is).
+pub fn hashes_still_known(
+    obj: &Bound<'_, PyAny>,
+    known: usize,
+    last: Option<&[u8]>,
+    all: impl FnOnce() -> (Vec<u8>, usize),
+) -> usize {
+    let (Some(last), true) = (last, known > 0) else {
+        return known;
+    };
+    let item = |i: usize| -> Option<Bound<'_, PyAny>> {
+        if let Ok(list) = obj.cast_exact::<PyList>() {
+            return list.get_item(i).ok();
+        }
+        obj.cast_exact::<PyTuple>()
+            .ok()
+            .and_then(|t| t.get_item(i).ok())
+    };
+    let same = |i: usize, hash: &[u8]| {
+        item(i)
+            .and_then(|h| h.cast_exact::<PyBytes>().ok().map(|b| b.as_bytes() == hash))
+            .unwrap_or(false)
+    };
+    if obj.cast_exact::<PyList>().is_err() && obj.cast_exact::<PyTuple>().is_err() {
+        return known;
+    }
+    if same(known - 1, last) {
+        return known;
+    }
+    // The first index that differs: a binary search over the chain.
+    let (bytes, width) = all();
+    let hash = |i: usize| &bytes[i * width..(i + 1) * width];
+    let (mut lo, mut hi) = (0, known.min(bytes.len() / width.max(1)));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if same(mid, hash(mid)) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// How many of request `id`'s hashes `tables` know that still hold for `obj`, its
+/// current hashes (see [`hashes_still_known`]); those that no longer hold are
+/// forgotten, so the caller sends `obj[n..]`. The tables are locked only to read and
+/// to forget, never while `obj` is read.
+pub fn sync_known_hashes<T: KnowsHashes + Send>(
+    py: Python<'_>,
+    tables: &std::sync::Mutex<T>,
+    id: RequestKey<'_>,
+    obj: &Bound<'_, PyAny>,
+) -> usize {
+    let mut last = [0u8; MAX_HASH_WIDTH];
+    let (known, width) = with_lock(py, tables, |t| {
+        t.known_hashes_of(id).map_or((0, 0), |h| {
+            let tail = h.last().unwrap_or(&[]);
+            last[..tail.len()].copy_from_slice(tail);
+            (h.len(), tail.len())
+        })
+    });
+    let still = hashes_still_known(obj, known, Some(&last[..width]), || {
+        with_lock(py, tables, |t| {
+            t.known_hashes_of(id)
+                .map_or((Vec::new(), 0), |h| (h.as_bytes().to_vec(), h.width()))
+        })
+    });
+    if still < known {
+        with_lock(py, tables, |t| t.forget_known_hashes_from(id, still));
+    }
+    still
 }
 
 /// A bool argument: a `bool` or `numpy.bool_`; anything else is a `DtypeError`.

@@ -11,7 +11,7 @@ use pyo3::types::{PyString, PyTuple};
 use super::block_pool::{pool_arg, PyBlockPool};
 use super::convert::{
     extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
-    type_name,
+    sync_known_hashes, type_name,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
@@ -225,7 +225,7 @@ impl PyGroupTables {
         hashes: &Bound<'_, PyAny>,
     ) -> PyResult<(usize, usize, Vec<u8>)> {
         let known = if self.config.enable_caching {
-            self.with_tables(py, |t| t.num_known_hashes(id))
+            sync_known_hashes(py, &self.inner, id, hashes)
         } else {
             0
         };

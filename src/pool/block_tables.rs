@@ -18,7 +18,7 @@ use hashbrown::HashMap;
 use super::block_pool::{BlockPool, CacheBlocks};
 use super::error::{PoolError, PoolResult};
 use super::hash_key::HashSlice;
-use super::known_hashes::{check_event_tokens, KnownHashes};
+use super::known_hashes::{check_event_tokens, KnownHashes, KnowsHashes};
 use super::manager::LoraInfo;
 use super::request_id::{RequestId, RequestKey};
 use super::slots;
@@ -114,6 +114,18 @@ pub struct BlockTables {
     /// Ids of blocks allocated since the last [`Self::take_new_block_ids`], when
     /// the engine zeroes new blocks.
     new_block_ids: Option<Vec<u32>>,
+}
+
+impl KnowsHashes for BlockTables {
+    fn known_hashes_of(&self, id: RequestKey<'_>) -> Option<&KnownHashes> {
+        self.tables.get(&id).map(|t| &t.hashes)
+    }
+
+    fn forget_known_hashes_from(&mut self, id: RequestKey<'_>, n: usize) {
+        if let Some(t) = self.tables.get_mut(&id) {
+            t.hashes.truncate(n);
+        }
+    }
 }
 
 impl BlockTables {

@@ -30,7 +30,7 @@ use super::eviction::BlockPriority;
 use super::group_hits::{find_longest_hit, GroupHit};
 use super::group_steps::{allocate_external, check_hit_boundary, grow_to};
 use super::hash_key::HashSlice;
-use super::known_hashes::{check_event_tokens, KnownHashes};
+use super::known_hashes::{check_event_tokens, KnownHashes, KnowsHashes};
 use super::kv_groups::{AttentionKind, KvGroups};
 use super::manager::{event_extra_keys, LoraInfo};
 use super::partial_keys::PartialBlock;
@@ -192,6 +192,18 @@ pub struct GroupTables {
     max_in_flight_tokens: usize,
     /// Per group, the blocks allocated since the last take, when recording.
     pub(super) new_block_ids: Option<Vec<Vec<u32>>>,
+}
+
+impl KnowsHashes for GroupTables {
+    fn known_hashes_of(&self, id: RequestKey<'_>) -> Option<&KnownHashes> {
+        self.tables.get(&id).map(|t| &t.hashes)
+    }
+
+    fn forget_known_hashes_from(&mut self, id: RequestKey<'_>, n: usize) {
+        if let Some(t) = self.tables.get_mut(&id) {
+            t.hashes.truncate(n);
+        }
+    }
 }
 
 impl GroupTables {

@@ -63,6 +63,29 @@ impl KnownHashes {
         Ok(())
     }
 
+    /// The hashes known, back to back (each of [`Self::width`] bytes).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The last known hash.
+    pub fn last(&self) -> Option<&[u8]> {
+        let n = self.len();
+        (n > 0).then(|| &self.bytes[(n - 1) * self.width..])
+    }
+
+    /// The width of the known hashes (0 before the first).
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Forgets the hashes from index `n` on: the request's hashes were rewritten
+    /// there (vLLM's streaming sessions cut a request's hashes back and grow them
+    /// again with other tokens), so they are learnt again.
+    pub fn truncate(&mut self, n: usize) {
+        self.bytes.truncate(n.saturating_mul(self.width));
+    }
+
     /// How many hashes are known once `hashes`, from index `from`, are learnt.
     pub fn len_after(known: Option<&Self>, from: usize, hashes: HashSlice<'_>) -> usize {
         let len = known.map_or(0, Self::len);
@@ -116,4 +139,13 @@ pub fn check_event_tokens(
         }
     }
     Ok(())
+}
+
+/// Tables that keep each request's known hashes (the callers' `block_hashes[n..]`
+/// protocol), so that a binding can check them against the request's current ones.
+pub trait KnowsHashes {
+    /// The request's known hashes (none for an unknown request).
+    fn known_hashes_of(&self, id: super::RequestKey<'_>) -> Option<&KnownHashes>;
+    /// Forgets the request's known hashes from index `n` on.
+    fn forget_known_hashes_from(&mut self, id: super::RequestKey<'_>, n: usize);
 }

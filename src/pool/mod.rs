@@ -63,6 +63,7 @@ pub use group_manager::GroupManager;
 pub use group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
 pub use hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
 pub use key_hasher::KeyHasher;
+pub use known_hashes::{KnownHashes, KnowsHashes};
 pub use kv_groups::{AttentionKind, GroupSpec, KvGroups, SpecGroup};
 pub use manager::{KVCacheManager, LoraInfo, ManagerConfig};
 pub use prefix_map::PrefixMap;
