@@ -19,6 +19,11 @@ impl KnownHashes {
         self.bytes.len().checked_div(self.width).unwrap_or(0)
     }
 
+    /// True before the first hash is known.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
     /// The known hashes as a slice.
     pub fn as_slice(&self) -> HashSlice<'_> {
         if self.width == 0 {
