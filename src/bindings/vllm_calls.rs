@@ -244,7 +244,9 @@ impl PyVllmManagerCalls {
     }
 
     /// ``KVCacheManager.estimate_cached_tokens(request)``: the tokens the request's cached
-    /// blocks cover (0 before vLLM tracks them).
+    /// blocks cover, the end of the last block of its table that still holds a hash (a
+    /// block at table index `i` was cached holding `(i + 1) * block_size` tokens; one
+    /// whose hash was evicted counts no more, as in vLLM); 0 for an unknown request.
     fn estimate_cached_tokens(
         &self,
         py: Python<'_>,
@@ -252,11 +254,15 @@ impl PyVllmManagerCalls {
     ) -> PyResult<usize> {
         let id_obj = request_field(request, pyo3::intern!(py, "request_id"))?;
         let id = super::requests::request_key(&id_obj)?;
-        let cached = self
-            .tables
-            .get()
-            .with_tables(py, |t| t.num_cached_blocks(id));
-        Ok(cached.unwrap_or(0) * self.block_size)
+        let held = self.tables.get().with_tables_and_pool(py, |t, pool| {
+            let blocks = t.blocks(id);
+            let cached = t.num_cached_blocks(id).unwrap_or(0).min(blocks.len());
+            blocks[..cached]
+                .iter()
+                .rposition(|&b| pool.block_hash(b).is_ok_and(|h| h.is_some()))
+                .map_or(0, |i| i + 1)
+        });
+        Ok(held * self.block_size)
     }
 
     /// ``KVCacheManager.free(request)``: frees the request's blocks tail first and forgets

@@ -506,7 +506,7 @@ class HybridKVCacheManager(ManagerCommon):
             self._drain_events()
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        self._pool.evict_blocks(sorted(block_ids))
+        self._pool.evict_blocks(list(block_ids))  # in the set's order, as vLLM walks it
         if self.enable_kv_cache_events:
             self._drain_events()
 

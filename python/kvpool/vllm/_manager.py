@@ -381,7 +381,7 @@ class KVCacheManager(ManagerCommon):
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Evict blocks from the prefix cache by id."""
-        self._pool.evict_blocks(sorted(block_ids))
+        self._pool.evict_blocks(list(block_ids))  # in the set's order, as vLLM walks it
 
     def reset_prefix_cache(self) -> bool:
         """Clear the prefix cache; ``False`` while blocks are in use."""

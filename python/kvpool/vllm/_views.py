@@ -12,6 +12,7 @@ allocation rules live in Rust (``kvpool.BlockTables``); nothing here changes sta
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -24,7 +25,9 @@ from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, make_block
 import kvpool
 
 
-_QUEUES: dict[int, FreeQueueView] = {}
+#: Each pool's free-queue view, for its blocks' ``next_free_block``: held weakly, so that a
+#: manager's pool is let go with the manager (the manager's block pool view holds its queue).
+_QUEUES: weakref.WeakValueDictionary[int, FreeQueueView] = weakref.WeakValueDictionary()
 
 
 class BlockView:
@@ -338,7 +341,7 @@ class BlockPoolView:
         self._pool.touch(block_ids_of(blocks))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        self._pool.evict_blocks(sorted(block_ids))
+        self._pool.evict_blocks(list(block_ids))  # in the set's order, as vLLM walks it
 
     def reset_prefix_cache(self) -> bool:
         return self._pool.reset_prefix_cache()

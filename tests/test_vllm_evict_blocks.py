@@ -1,0 +1,76 @@
+"""``kvpool.vllm.KVCacheManager.evict_blocks`` against vLLM 0.33's manager: the removals'
+events come in the order vLLM walks the id set, and a request whose blocks lost their hashes
+no longer counts them in ``estimate_cached_tokens``; a dropped manager lets its pool go."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+
+def request(request_id: str, tokens: list[int]) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    params = SamplingParams(max_tokens=17)
+    params.update_from_generation_config({}, eos_token_id=100)
+    return Request(request_id=request_id, prompt_token_ids=tokens, mm_features=None, sampling_params=params,
+                   pooling_params=None, lora_request=None, cache_salt=None,
+                   block_hasher=get_request_block_hasher(4, sha256))
+
+
+def managers(events: bool = False) -> list[Any]:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    import kvpool.vllm
+
+    spec = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l"], spec)])
+    return [cls(config, max_model_len=1024, scheduler_block_size=4, hash_block_size=4,
+                enable_kv_cache_events=events) for cls in (KVCacheManager, kvpool.vllm.KVCacheManager)]
+
+
+def test_removals_follow_the_sets_order() -> None:
+    seen = []
+    for manager in managers(events=True):
+        for i in range(4):
+            manager.allocate_slots(request(f"r{i}", [i * 100 + j for j in range(8)]), 8)
+        manager.take_events()
+        ids = {8, 1}
+        manager.evict_blocks(ids)
+        seen.append((list(ids), [e.block_hashes for e in manager.take_events()]))
+    assert seen[1] == seen[0]
+
+
+def test_evicted_hashes_no_longer_count_as_cached_tokens() -> None:
+    seen = []
+    for manager in managers():
+        r = request("a", list(range(12)))
+        manager.allocate_slots(r, 12)
+        counts = [manager.estimate_cached_tokens(r)]
+        for ids in ({3}, {1, 2}):
+            manager.evict_blocks(ids)
+            counts.append(manager.estimate_cached_tokens(r))
+        seen.append(counts)
+    assert seen[1] == seen[0] == [12, 8, 0]
+
+
+def test_a_dropped_manager_lets_its_free_queue_view_go() -> None:
+    from kvpool.vllm import _views
+
+    gc.collect()
+    before = len(_views._QUEUES)
+    manager = managers()[1]
+    assert len(_views._QUEUES) == before + 1
+    del manager
+    gc.collect()
+    assert len(_views._QUEUES) == before
