@@ -498,3 +498,34 @@ def test_connector_tokens_past_max_model_len_get_no_blocks_past_it() -> None:
     tables.allocate_slots("r", 0, 8, [], 1, num_external_computed_tokens=100)
     assert len(tables.get_blocks("r")) == 8 // BS
     tables.check_invariants()
+
+
+class _BadIndex:
+    def __index__(self) -> int:
+        raise ValueError("no")
+
+
+PARITY_CASES: list[tuple[str, Callable[[Any], Any], type[BaseException]]] = [
+    ("hash_tokens, a masked array", lambda m: m.BlockHasher(4).hash_tokens(np.ma.array(np.arange(8))), DtypeError),
+    ("hash_tokens, a dict", lambda m: m.BlockHasher(4).hash_tokens({1: 2, 3: 4}), DtypeError),
+    ("hash_tokens, a bytearray", lambda m: m.BlockHasher(4).hash_tokens(bytearray(8)), DtypeError),
+    ("hash_tokens, an __index__ that raises", lambda m: m.BlockHasher(4).hash_tokens([1, _BadIndex()]), DtypeError),
+    ("hash_blocks_from past block 0, a dict", lambda m: m.BlockHasher(4).hash_blocks_from(None, {1: 2}, 1), DtypeError),
+    ("hash_blocks_from past block 0, an int", lambda m: m.BlockHasher(4).hash_blocks_from(None, 5, 1), DtypeError),
+    ("a request id with a lone surrogate", lambda m: m.KVCacheManager(8, 4).add_request("\ud800", [1]),
+     InvalidArgumentError),
+    ("a cache salt with a lone surrogate", lambda m: m.BlockHasher(4).hash_tokens([1] * 8, cache_salt="\ud800"),
+     InvalidArgumentError),
+    ("a hash-input str with a lone surrogate", lambda m: m.BlockHasher(4).hash_block(None, [1], ("\ud800",)),
+     InvalidArgumentError),
+]
+
+
+@pytest.mark.parametrize("case,call,error", PARITY_CASES, ids=[c[0] for c in PARITY_CASES])
+def test_the_reference_refuses_what_rust_refuses(case: str, call: Callable[[Any], Any],
+                                                 error: type[BaseException]) -> None:
+    import kvpool.reference
+
+    for module in (kvpool, kvpool.reference):
+        with pytest.raises(error):
+            call(module)

@@ -67,7 +67,7 @@ def _index(value: Any) -> int | None:
         return None
     try:
         return operator.index(value)
-    except TypeError:
+    except Exception:  # whatever an odd __index__ raises: not an int (Rust's DtypeError)
         return None
 
 
@@ -119,12 +119,27 @@ def as_opt_str_arg(value: Any, name: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise DtypeError(f"{name} must be a str, got {type(value).__name__}")
+    return utf8_str(value, name)
+
+
+def utf8_str(value: str, name: str) -> str:
+    """``value`` as a plain ``str``, if UTF-8 can hold it (convert.rs: utf8_str); a lone
+    surrogate is an ``InvalidArgumentError``."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{name} is not encodable as UTF-8 (it holds a lone surrogate)") from None
     return str.__str__(value)
 
 
 # --------------------------------------------------------------------------------------------
 # Int lists, block ids and block hashes (convert.rs: extract_i64s, extract_block_ids).
 # --------------------------------------------------------------------------------------------
+
+
+#: Types that iterate but are no ordered sequence of ints (convert.rs:
+#: not_a_sequence_of_ints): text, the bytes-like types and the unordered dict and sets.
+NOT_SEQUENCES_OF_INTS = (str, bytes, bytearray, memoryview, dict, set, frozenset)
 
 
 def as_int_list(values: Any, name: str) -> list[int]:
@@ -135,6 +150,9 @@ def as_int_list(values: Any, name: str) -> list[int]:
     int64. Values are not otherwise range-checked.
     """
     message = f"{name} must be a 1-D numpy integer array or a sequence of ints, got {type(values).__name__}"
+    if isinstance(values, np.ma.MaskedArray):
+        raise DtypeError(f"{name} must not be a masked array (its mask would be ignored); pass .compressed() "
+                         "or .filled()")
     if isinstance(values, np.ndarray):
         if values.ndim != 1 or values.dtype.kind not in "iu":
             raise DtypeError(message)
@@ -142,7 +160,7 @@ def as_int_list(values: Any, name: str) -> list[int]:
         if values.dtype.kind == "u" and ints and max(ints) > I64_MAX:
             raise InvalidArgumentError(f"{name} holds integers beyond int64")
         return ints
-    if isinstance(values, (str, bytes)):
+    if isinstance(values, NOT_SEQUENCES_OF_INTS):
         raise DtypeError(message)
     out = []
     for item in iterate(values, message):
@@ -199,7 +217,7 @@ def as_request_id(value: Any) -> RequestId:
     ``DtypeError`` for another type, ``InvalidArgumentError`` for an int outside int64.
     """
     if isinstance(value, str):
-        return str.__str__(value)
+        return utf8_str(value, "a request id")
     v = None if isinstance(value, (bool, np.bool_)) else _index(value)
     if v is None:
         raise DtypeError(f"a request id must be a str or an int, got {type(value).__name__}")
@@ -289,7 +307,9 @@ NO_EXTRAS = RequestExtras()
 
 def _plain(text: str) -> str:
     """``text`` itself if it is a plain ``str``, else a plain copy: the caller's objects are
-    kept, so pickle's memo sees the objects vLLM's would (see ``kvpool.reference.hashing``)."""
+    kept, so pickle's memo sees the objects vLLM's would (see ``kvpool.reference.hashing``).
+    A ``str`` UTF-8 cannot hold is an ``InvalidArgumentError``, as in Rust."""
+    utf8_str(text, "an extra key's str")
     return text if type(text) is str else str.__str__(text)
 
 

@@ -74,6 +74,7 @@ from kvpool.reference._args import (
     as_request_extras,
     as_token_ids,
     iterate,
+    utf8_str,
 )
 
 __all__ = [
@@ -221,6 +222,7 @@ def as_hash_input(value: Any) -> Any:
     if isinstance(value, bytes):
         return value if type(value) is bytes else bytes(value)
     if isinstance(value, str):
+        utf8_str(value, "a hash-input str")
         return value if type(value) is str else str.__str__(value)
     if isinstance(value, tuple):
         items = [as_hash_input(item) for item in value]
@@ -576,9 +578,18 @@ class BlockHasher:
         _check_parent(parent)
         extras = as_request_extras(lora, cache_salt, mm_features, prompt_embed_digests)
         skip = start * self._block_size
-        rest = as_token_ids(token_ids[skip:])
-        if skip > len(token_ids):
-            return []
+        if skip == 0:
+            rest = as_token_ids(token_ids)
+        else:
+            # Only what can be sliced (as the Rust hasher takes token_ids[skip:]).
+            try:
+                sliced, total = token_ids[skip:], len(token_ids)
+            except Exception:
+                raise DtypeError("token_ids must be a 1-D numpy integer array or a sequence of ints, "
+                                 f"got {type(token_ids).__name__}") from None
+            rest = as_token_ids(sliced)
+            if skip > total:
+                return []
         # request_block_hashes reads only the length and the last of the hashes before; at
         # block 0 the parent stands in for NONE_HASH.
         none = parent if start == 0 and parent is not None else self._none_hash
