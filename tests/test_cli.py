@@ -137,6 +137,9 @@ BAD_TRACES = [
     ('{"timestamp": 0, "input_length": -3, "output_length": 1, "hash_ids": [1]}\n', "bad.jsonl:1: 'input_length' must be >= 0"),
     ('{"timestamp": 0, "input_length": 3, "output_length": -1, "hash_ids": [1]}\n', "bad.jsonl:1: 'output_length' must be >= 0"),
     ("", "bad.jsonl: the trace is empty"),
+    ("[" * 200_000 + "\n", "bad.jsonl:1: not valid JSON for a trace (nested too deeply)"),
+    ('{"timestamp": 0, "input_length": 100000000000000000000000, "output_length": 1, "hash_ids": [1]}\n',
+     "bad.jsonl:1: 'input_length' must be below 2**63"),
 ]
 
 
@@ -173,6 +176,18 @@ def test_simulate_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         (["--timed", "--max-running", "0"], "expected a positive integer"),
         (["--timed", "--decode-tps", "nan"], "expected a positive number"),
         (["--model-layers", "gemma3", "--timed"], "--capacity-blocks only and no --timed"),
+        (["--block-tokens", "99999999999999999999"], "expected at most 4294967295 tokens per block"),
+        (["--model-layers", "gemma3", "--capacity-blocks", "3"], "cannot hold one block for each"),
+        (["--model-layers", "fullx1000000000"], "at most 1024 KV-cache groups"),
+        (["--instances", "100"], "at most one instance per request"),
+        # Options another model would ignore, and contradictions.
+        (["--mode", "sequential", "--timed"], "contradict each other"),
+        (["--router", "kv-aware"], "--router needs --instances"),
+        (["--model-layers", "full", "--instances", "2"], "two models: pick one"),
+        (["--model-layers", "full", "--policy", "adaptive"], "--policy applies to the sequential and timed"),
+        (["--instances", "2", "--unbounded"], "--unbounded applies to the sequential and timed"),
+        (["--retention-interval", "512"], "--retention-interval needs --model-layers"),
+        (["--prefill-tps", "5", "--max-running", "2"], "--prefill-tps, --max-running apply to the timed mode"),
     ],
 )
 def test_simulate_bad_options(capsys: pytest.CaptureFixture[str], hand_trace: Path, args: list[str], message: str) -> None:
@@ -400,3 +415,44 @@ def test_simulate_reads_stdin_and_warns(hand_trace: Path) -> None:
     assert json_lines(done.stdout)[0]["trace"] == "stdin"
     # The hand trace counts 4 tokens per id: at the default 512 its lengths disagree with its ids.
     assert "warning: 4 of 4 requests have an input_length" in done.stderr
+
+
+def test_simulate_a_corrupt_gzip_trace(capsys: pytest.CaptureFixture[str], hand_trace: Path, tmp_path: Path) -> None:
+    import gzip
+
+    data = bytearray(gzip.compress(hand_trace.read_bytes() * 50))
+    data[40:80] = bytes(40)  # the deflate stream, past the header
+    path = tmp_path / "corrupt.jsonl.gz"
+    path.write_bytes(bytes(data))
+    status, _, err = run(capsys, "simulate", str(path))
+    assert status == 2 and "cannot read the trace" in err
+
+
+def test_simulate_huge_capacities_are_clamped(capsys: pytest.CaptureFixture[str], hand_trace: Path) -> None:
+    for args in (["--capacity-gib", "1e300", "--model", "llama3-8b"], ["--instances", "2", "--capacity-blocks", "2000000000"],
+                 ["--model-layers", "full", "--capacity-blocks", "200000000"]):
+        status, out, err = run(capsys, "simulate", str(hand_trace), *args)
+        assert status == 0, err
+
+
+def test_simulate_refuses_a_plot_path_that_is_a_directory(capsys: pytest.CaptureFixture[str], hand_trace: Path,
+                                                          tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    (tmp_path / "d.png").mkdir()
+    status, out, err = run(capsys, "simulate", str(hand_trace), "--plot", str(tmp_path / "d.png"))
+    assert status == 2 and out == "" and "exists and is not a file" in err
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", '{"seq": 1}', '{"seq": 1, "events": [{"type": "BlockStored", '
+                                  '"block_hashes": [[1]]}]}', '{"seq": "1", "events": []}'])
+def test_events_stats_names_a_bad_record(capsys: pytest.CaptureFixture[str], tmp_path: Path, line: str) -> None:
+    path = tmp_path / "rec.jsonl"
+    path.write_text('{"seq": 0, "events": []}\n' + line + "\n")
+    status, _, err = run(capsys, "events", "stats", str(path))
+    assert status == 2 and "rec.jsonl:2: not a recorded batch" in err
+
+
+def test_events_listen_refuses_a_bad_endpoint(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("zmq")
+    status, _, err = run(capsys, "events", "listen", "nonsense://x", "--count", "1")
+    assert status == 2 and "cannot connect" in err

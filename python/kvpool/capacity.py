@@ -97,7 +97,10 @@ def blocks_for_gib(gib: float, bytes_per_token: int, block_tokens: int) -> int:
     """Whole blocks of ``block_tokens`` tokens that ``gib`` GiB holds at ``bytes_per_token``."""
     if not math.isfinite(gib) or gib < 0:
         raise ValueError(f"a capacity in GiB must be a finite number >= 0, got {gib}")
-    return int(gib * 2**30 // (bytes_per_token * block_tokens))
+    total = gib * 2**30
+    if not math.isfinite(total):
+        return 2**62  # more blocks than any pool holds (callers clamp to what a trace fills)
+    return int(total // (bytes_per_token * block_tokens))
 
 
 @dataclass(frozen=True)

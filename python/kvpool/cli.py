@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 
+import kvpool
 from kvpool.bench import DEFAULT_REPS, WORKLOADS, format_table, resolve_names, run_bench
 from kvpool.cli_common import CliError, Progress, positive_int
 from kvpool.events_cli import add_events
@@ -124,9 +126,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
         return int(args.func(args))
-    except (CliError, TraceError, PlotUnavailableError) as exc:
+    except (CliError, TraceError, PlotUnavailableError, kvpool.KVPoolError) as exc:
+        # A KVPoolError here is an argument the pool refused (a block size, a pool too
+        # large for memory): the user's input, reported as such.
         print(f"kvpool {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say, and nothing at exit either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130

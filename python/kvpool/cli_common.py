@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["CliError", "Progress", "positive_float", "positive_int"]
+__all__ = ["CliError", "Progress", "block_size_int", "positive_float", "positive_int"]
 
 
 class CliError(Exception):
@@ -79,6 +79,14 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def block_size_int(text: str) -> int:
+    """An argparse type: tokens per block, ``1..=2**32 - 1`` (what a pool takes)."""
+    value = positive_int(text)
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"expected at most {2**32 - 1} tokens per block, got {value}")
     return value
 
 

@@ -17,6 +17,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from kvpool.cli_common import positive_float, positive_int
+
 
 def add_events(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``events`` subcommand and its ``listen`` and ``stats`` actions."""
@@ -29,8 +31,8 @@ def add_events(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     listen.add_argument("--from", dest="start", type=int, default=None, metavar="SEQ",
                         help="first replay every buffered batch from SEQ (needs --replay)")
     listen.add_argument("--json", action="store_true", help="one JSON object per batch (a recording)")
-    listen.add_argument("--count", type=int, default=None, metavar="N", help="stop after N batches")
-    listen.add_argument("--seconds", type=float, default=None, metavar="S", help="stop after S seconds")
+    listen.add_argument("--count", type=positive_int, default=None, metavar="N", help="stop after N batches")
+    listen.add_argument("--seconds", type=positive_float, default=None, metavar="S", help="stop after S seconds")
     listen.set_defaults(func=cmd_listen)
     stats = actions.add_parser("stats", help="summarise a recording made with listen --json")
     stats.add_argument("recording", metavar="FILE", help="JSON lines from kvpool events listen --json")
@@ -53,7 +55,12 @@ def cmd_listen(args: argparse.Namespace) -> int:
 
     if args.start is not None and args.replay is None:
         raise CliError("--from needs --replay")
-    listener = EventListener(args.endpoint, args.replay, topic=args.topic)
+    import zmq
+
+    try:
+        listener = EventListener(args.endpoint, args.replay, topic=args.topic)
+    except zmq.ZMQError as exc:
+        raise CliError(f"cannot connect to {args.endpoint!r} / {args.replay!r}: {exc}") from None
     if args.start is not None:
         listener.replay_from(args.start)
     deadline = None if args.seconds is None else time.monotonic() + args.seconds
@@ -76,6 +83,29 @@ def cmd_listen(args: argparse.Namespace) -> int:
         listener.close()
     print(f"{seen} batches, {listener.gaps} gaps filled by replay", file=sys.stderr)
     return 0
+
+
+def record_problem(record: Any) -> str | None:
+    """What keeps ``record`` (one parsed line) from being a batch ``listen --json`` wrote, or
+    ``None``: an object with an int ``seq`` and a list of ``events``, each an object with a
+    str ``type``, an int-or-null ``group_idx`` and a list of int ``block_hashes``."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if isinstance(record.get("seq"), bool) or not isinstance(record.get("seq"), int):
+        return "'seq' must be an integer"
+    events = record.get("events")
+    if not isinstance(events, list):
+        return "'events' must be a list"
+    for e in events:
+        if not isinstance(e, dict) or not isinstance(e.get("type"), str):
+            return "each event must be an object with a 'type'"
+        group = e.get("group_idx")
+        if group is not None and (isinstance(group, bool) or not isinstance(group, int)):
+            return "'group_idx' must be an integer or null"
+        hashes = e.get("block_hashes", [])
+        if not isinstance(hashes, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hashes):
+            return "'block_hashes' must be a list of integers"
+    return None
 
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -112,15 +142,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     records = []
     try:
-        with open(args.recording) as f:
+        with open(args.recording, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if line.strip():
                     try:
-                        records.append(json.loads(line))
+                        record = json.loads(line)
                     except json.JSONDecodeError as exc:
                         raise CliError(f"{args.recording}:{n}: not JSON: {exc.msg}") from None
+                    problem = record_problem(record)
+                    if problem:
+                        raise CliError(f"{args.recording}:{n}: not a recorded batch: {problem}")
+                    records.append(record)
     except OSError as exc:
         raise CliError(f"cannot read {args.recording}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"{args.recording}: not UTF-8 text") from None
     for key, value in summarise(records).items():
         print(f"{key}: {value}")
     return 0

@@ -418,6 +418,8 @@ def plot_path_problem(path: str) -> str | None:
     formats = FigureCanvasBase.get_supported_filetypes()
     if suffix not in formats:
         return f"{path!r}: the file name must end in an image format ({', '.join('.' + f for f in sorted(formats))})"
+    if Path(path).exists() and not Path(path).is_file():
+        return f"{path!r} exists and is not a file"
     parent = Path(path).resolve().parent
     if not parent.is_dir():
         return f"{path!r}: directory {str(parent)!r} does not exist"

@@ -29,7 +29,7 @@ from typing import Any
 
 import kvpool
 from kvpool.capacity import MODEL_PRESETS, CapacityUnits, blocks_for_gib, blocks_for_tokens, parse_model_shape
-from kvpool.cli_common import CliError, Progress, positive_float, positive_int
+from kvpool.cli_common import CliError, Progress, block_size_int, positive_float, positive_int
 from kvpool.reference.eviction import EVICTION_POLICIES
 from kvpool.simulate import (
     IMPL_NAMES,
@@ -109,7 +109,7 @@ def add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        help="the model's KV-cache bytes per token, given directly")
     cap.add_argument("--unbounded", action="store_true",
                      help="also replay in a pool that never evicts (the default without capacities)")
-    sim.add_argument("--block-tokens", type=positive_int, default=MOONCAKE_BLOCK_TOKENS, metavar="N",
+    sim.add_argument("--block-tokens", type=block_size_int, default=MOONCAKE_BLOCK_TOKENS, metavar="N",
                      help=f"tokens per hash id (default {MOONCAKE_BLOCK_TOKENS})")
     sim.add_argument("--json", action="store_true", help="print one JSON object per capacity")
     sim.add_argument("--plot", metavar="PATH",
@@ -155,8 +155,39 @@ def add_simulate(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sim.set_defaults(func=cmd_simulate)
 
 
+def _check_combinations(args: argparse.Namespace) -> None:
+    """Refuse options that would be ignored or that contradict each other (each model reads
+    only its own)."""
+    timed = args.timed or (args.mode is not None and "timed" in args.mode)
+    if args.timed and args.mode is not None and "timed" not in args.mode:
+        raise CliError("--timed and --mode without timed contradict each other")
+    if args.router and not args.instances:
+        raise CliError("--router needs --instances")
+    if args.model_layers and args.instances:
+        raise CliError("--model-layers and --instances are two models: pick one")
+    other = "--model-layers" if args.model_layers else "--instances" if args.instances else None
+    if other:
+        given = [name for name, on in (("--policy", args.policy), ("--unbounded", args.unbounded),
+                                       ("--impl", args.impl != "kvpool"), ("--model", args.model),
+                                       ("--kv-bytes-per-token", args.kv_bytes_per_token)) if on]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise CliError(f"{', '.join(given)} {verb} to the sequential and timed replays, not to {other}")
+    if args.retention_interval is not None and not args.model_layers:
+        raise CliError("--retention-interval needs --model-layers")
+    defaults = ServiceModel()
+    service = ((args.prefill_tps, defaults.prefill_tokens_per_s, "--prefill-tps"),
+               (args.decode_tps, defaults.decode_tokens_per_s, "--decode-tps"),
+               (args.max_running, defaults.max_running, "--max-running"))
+    given = [name for value, default, name in service if value != default]
+    if given and not timed:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise CliError(f"{', '.join(given)} {verb} to the timed mode (--timed)")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     """``kvpool simulate``: check every option, load the trace, replay, print."""
+    _check_combinations(args)
     units = _units(args)
     capacities = _given_capacities(args, units)
     if args.model_layers or args.instances or args.router:

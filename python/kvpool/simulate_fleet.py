@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import kvpool
-from kvpool.simulate import get_impl, prepare_hashes, serve_one, truncate
+from kvpool.simulate import get_impl, prepare_hashes, serve_one, truncate, unbounded_capacity
 from kvpool.traces import Trace
 
 ROUTERS = ("round-robin", "kv-aware")
@@ -62,8 +62,13 @@ def simulate_fleet(trace: Trace, instances: int, capacity: int, router: str, *,
         raise kvpool.InvalidArgumentError(f"unknown router {router!r}: use one of {', '.join(ROUTERS)}")
     if instances < 1 or capacity < 1:
         raise kvpool.InvalidArgumentError("instances and capacity must be at least 1")
+    if instances > max(trace.num_requests, 1):
+        raise kvpool.InvalidArgumentError(
+            f"{instances} instances for {trace.num_requests} requests: at most one instance per request")
     impl = get_impl("kvpool")
-    pools = [impl.pool_cls(capacity + 1, enable_caching=True, block_size=block_tokens) for _ in range(instances)]
+    # A pool that holds the whole trace never evicts: a larger one changes nothing.
+    usable = min(capacity, max(unbounded_capacity(trace), trace.max_request_blocks))
+    pools = [impl.pool_cls(usable + 1, enable_caching=True, block_size=block_tokens) for _ in range(instances)]
     requests = truncate(prepare_hashes(trace, impl), capacity)
     served_requests = [0] * instances
     served_blocks = [0] * instances

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 import kvpool
+from kvpool.simulate import unbounded_capacity
 from kvpool.traces import Trace
 
 #: Layouts of common model families, as vLLM groups their layers (equal-size groups).
@@ -36,6 +37,10 @@ PRESETS: dict[str, str] = {
 }
 
 
+#: The most KV-cache groups a simulated layout may have (models have a handful).
+MAX_GROUPS = 1024
+
+
 def parse_layout(spec: str) -> list[Any]:
     """``GroupTables`` groups from ``spec`` (a preset name or a comma list), or ``ValueError``."""
     spec = PRESETS.get(spec, spec)
@@ -43,7 +48,9 @@ def parse_layout(spec: str) -> list[Any]:
     for part in spec.split(","):
         part = part.strip()
         name, _, count = part.partition("x")
-        n = int(count) if count else 1
+        n = int(count) if count.isdigit() else (1 if not count else -1)
+        if n > MAX_GROUPS:
+            raise kvpool.InvalidArgumentError(f"at most {MAX_GROUPS} KV-cache groups, got {part!r}")
         kind, _, size = name.partition(":")
         if kind == "full" and not size:
             group: Any = "full"
@@ -57,6 +64,8 @@ def parse_layout(spec: str) -> list[Any]:
         if n < 1:
             raise kvpool.InvalidArgumentError(f"a group count must be at least 1, got {part!r}")
         groups += [group] * n
+        if len(groups) > MAX_GROUPS:
+            raise kvpool.InvalidArgumentError(f"at most {MAX_GROUPS} KV-cache groups in a layout")
     return groups
 
 
@@ -87,8 +96,13 @@ def simulate_layers(trace: Trace, layout: str, capacity: int, *, block_tokens: i
     (shared by all groups). A request whose blocks for every group do not fit keeps its
     first ones."""
     groups = parse_layout(layout)
-    per_request = max(1, capacity // len(groups))
-    pool = kvpool.BlockPool(capacity + 1, block_size=block_tokens, enable_caching=True)
+    if capacity < len(groups):
+        raise kvpool.InvalidArgumentError(
+            f"a capacity of {capacity} blocks cannot hold one block for each of the layout's {len(groups)} groups")
+    # A pool larger than every request's blocks for every group changes nothing.
+    usable = min(capacity, max(unbounded_capacity(trace), trace.max_request_blocks) * len(groups))
+    per_request = max(1, usable // len(groups))
+    pool = kvpool.BlockPool(usable + 1, block_size=block_tokens, enable_caching=True)
     tables = kvpool.GroupTables(pool, groups, max_model_len=(trace.max_request_blocks + 1) * block_tokens,
                                 retention_interval=retention_interval)
     hit_tokens = resident = full = 0
@@ -103,7 +117,7 @@ def simulate_layers(trace: Trace, layout: str, capacity: int, *, block_tokens: i
         new = tables.allocate_slots(rid, 0, n_tokens, n_tokens, hashes, n_tokens - hit,
                                     num_new_computed_tokens=hit, new_computed_blocks=adopt)
         if new is None:
-            raise RuntimeError(f"request {i} does not fit in {capacity} blocks")
+            raise RuntimeError(f"request {i} does not fit in {usable} blocks")
         tables.remove_skipped_blocks(rid, n_tokens)
         held = tables.get_blocks(rid)
         resident += sum(int(np.count_nonzero(b)) for b in held)

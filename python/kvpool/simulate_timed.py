@@ -186,7 +186,10 @@ class _Simulation:
         self.usable, self.bt, self.service = usable, block_tokens, service
         n = trace.num_requests
         self.order = sorted(range(n), key=lambda i: trace.timestamps[i])
-        self.arrival = [trace.timestamps[i] / 1000.0 for i in range(n)]
+        # Seconds since the first arrival: epoch timestamps (1.7e18 ns) as floats would round
+        # prefill and decode times away.
+        first = min(trace.timestamps, default=0)
+        self.arrival = [(trace.timestamps[i] - first) / 1000.0 for i in range(n)]
         self.hits = [0] * n
         self.wait: list[float | None] = [None] * n
         self.gen = [0] * n
@@ -198,6 +201,10 @@ class _Simulation:
         self.rejected = self.preemptions = self.peak_in_use = self.peak_running = 0
         self.blocked: set[int] = set()
         self.preempted: set[int] = set()
+        # Whether the event being handled preempted a request: as in vLLM's scheduler, a step
+        # that preempts admits nothing (else a request that preempted itself would be taken
+        # back at once, its prompt still cached, and preempt itself again without end).
+        self.preempted_now = False
 
     def run(self, progress: Callable[[int], None] | None) -> None:
         arrivals, done = 0, 0
@@ -215,6 +222,7 @@ class _Simulation:
             else:
                 t, _, kind, i, gen = heapq.heappop(self.events)
                 self.now = t
+                self.preempted_now = False
                 if gen != self.gen[i]:
                     continue  # cancelled by a preemption
                 if kind == _FINISH:
@@ -224,6 +232,8 @@ class _Simulation:
                         progress(done)
                 else:
                     self._next_output_block(i, allocate=kind == _GROW)
+                if self.preempted_now and self.running:
+                    continue  # the requests still running go on; admission waits for them
             self._admit()
         if progress is not None:
             progress(done)
@@ -294,6 +304,7 @@ class _Simulation:
         self.queue.appendleft(i)
         self.preemptions += 1
         self.preempted.add(i)
+        self.preempted_now = True
 
     def _finish(self, i: int) -> None:
         r = self.running.pop(i)

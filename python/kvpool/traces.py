@@ -29,6 +29,7 @@ import json
 import math
 import random
 import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,8 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path}: cannot read the trace: {exc.strerror or exc}") from None
     except EOFError:
         raise TraceError(f"{path}: cannot read the trace: the gzip stream is truncated") from None
+    except zlib.error as exc:
+        raise TraceError(f"{path}: cannot read the trace: the gzip stream is corrupt ({exc})") from None
 
 
 def parse_trace(lines: Iterable[bytes | str], *, name: str = "trace", where: str | None = None) -> Trace:
@@ -178,6 +181,8 @@ def _parse_line(line: bytes | str) -> TraceRequest:
         raise ValueError("not valid UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON for a trace (nested too deeply)") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {_json_type(obj)}")
     missing = [key for key in FIELDS if key not in obj]
@@ -219,6 +224,8 @@ def _length(value: Any, key: str) -> int:
         raise ValueError(f"{key!r} must be an integer, got {json.dumps(value)}")
     if value < 0:
         raise ValueError(f"{key!r} must be >= 0, got {value}")
+    if value >= 2**63:
+        raise ValueError(f"{key!r} must be below 2**63, got {value}")
     return int(value)
 
 
