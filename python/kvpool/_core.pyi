@@ -1181,7 +1181,9 @@ class VllmManagerCalls:
         """``KVCacheManager.get_blocks(request_id)``: the request's blocks."""
     def estimate_cached_tokens(self, request: Any) -> int:
         """``KVCacheManager.estimate_cached_tokens(request)``: the tokens the request's cached
-        blocks cover (0 before vLLM tracks them).
+        blocks cover, the end of the last block of its table that still holds a hash (a
+        block at table index `i` was cached holding `(i + 1) * block_size` tokens; one
+        whose hash was evicted counts no more, as in vLLM); 0 for an unknown request.
         """
     def free(self, request: Any) -> None:
         """``KVCacheManager.free(request)``: frees the request's blocks tail first and forgets
