@@ -11,19 +11,11 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+from vllm_requests import make_request  # noqa: E402
+
 
 def request(request_id: str, cache_salt: str | None = None) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    params = SamplingParams(max_tokens=100)
-    params.update_from_generation_config({}, eos_token_id=100000)
-    return Request(request_id=request_id, prompt_token_ids=list(range(100)), mm_features=None,
-                   sampling_params=params, pooling_params=None, lora_request=None, cache_salt=cache_salt,
-                   block_hasher=get_request_block_hasher(16, sha256))
+    return make_request(request_id, list(range(100)), 16, cache_salt=cache_salt, max_tokens=100)
 
 
 def managers(specs: list[Any], events: bool = False) -> list[Any]:

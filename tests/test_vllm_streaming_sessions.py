@@ -15,19 +15,11 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+from vllm_requests import make_request  # noqa: E402
+
 
 def request(request_id: str, tokens: list[int]) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    params = SamplingParams(max_tokens=17)
-    params.update_from_generation_config({}, eos_token_id=100)
-    return Request(request_id=request_id, prompt_token_ids=tokens, mm_features=None, sampling_params=params,
-                   pooling_params=None, lora_request=None, cache_salt=None,
-                   block_hasher=get_request_block_hasher(4, sha256))
+    return make_request(request_id, tokens)
 
 
 @pytest.mark.parametrize("events", [False, True])
