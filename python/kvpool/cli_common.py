@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["CliError", "Progress", "block_size_int", "positive_float", "positive_int"]
+__all__ = ["CliError", "Progress", "block_size_int", "positive_float", "positive_int", "token_rate"]
 
 
 class CliError(Exception):
@@ -98,4 +98,13 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def token_rate(text: str) -> float:
+    """An argparse type: tokens per second, a finite number of at least 0.001 (a slower rate
+    makes times that overflow and rates that round to nothing in the JSON)."""
+    value = positive_float(text)
+    if value < 1e-3:
+        raise argparse.ArgumentTypeError(f"expected at least 0.001 tokens per second, got {text}")
     return value

@@ -22,7 +22,7 @@ def policies_table(trace: Trace, results: Sequence[ReplayResult], columns: Seque
     lines = [
         f"{trace.name}: {trace.num_requests} requests, {trace.num_blocks} blocks "
         f"({trace.distinct_ids()} distinct ids); block hit ratio per eviction policy "
-        "(x LRU's hits); belady = Belady's MIN, the offline bound",
+        "(x LRU's hits)" + ("; belady = Belady's MIN, the offline bound" if "belady" in columns else ""),
         f"{'capacity':>10}  " + "  ".join(f"{c:>15}" for c in columns),
     ]
     for capacity in capacities:
