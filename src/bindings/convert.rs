@@ -506,28 +506,26 @@ pub fn extract_hashes_after(
 pub fn hashes_still_known(
     obj: &Bound<'_, PyAny>,
     known: usize,
-    last: Option<&[u8]>,
+    last: &[u8],
     all: impl FnOnce() -> (Vec<u8>, usize),
 ) -> usize {
-    let (Some(last), true) = (last, known > 0) else {
-        return known;
-    };
-    let item = |i: usize| -> Option<Bound<'_, PyAny>> {
-        if let Ok(list) = obj.cast_exact::<PyList>() {
-            return list.get_item(i).ok();
-        }
-        obj.cast_exact::<PyTuple>()
-            .ok()
-            .and_then(|t| t.get_item(i).ok())
-    };
-    let same = |i: usize, hash: &[u8]| {
-        item(i)
-            .and_then(|h| h.cast_exact::<PyBytes>().ok().map(|b| b.as_bytes() == hash))
-            .unwrap_or(false)
-    };
-    if obj.cast_exact::<PyList>().is_err() && obj.cast_exact::<PyTuple>().is_err() {
+    let (list, tuple) = (
+        obj.cast_exact::<PyList>().ok(),
+        obj.cast_exact::<PyTuple>().ok(),
+    );
+    if known == 0 || (list.is_none() && tuple.is_none()) {
         return known;
     }
+    // Item `i` is `hash` (false past the end, or for an item that is not `bytes`).
+    let same = |i: usize, hash: &[u8]| {
+        let item = match (&list, &tuple) {
+            (Some(list), _) => list.get_item(i).ok(),
+            (_, Some(tuple)) => tuple.get_item(i).ok(),
+            _ => None,
+        };
+        item.and_then(|h| h.cast_exact::<PyBytes>().ok().map(|b| b.as_bytes() == hash))
+            .unwrap_or(false)
+    };
     if same(known - 1, last) {
         return known;
     }
@@ -564,7 +562,7 @@ pub fn sync_known_hashes<T: KnowsHashes + Send>(
             (h.len(), tail.len())
         })
     });
-    let still = hashes_still_known(obj, known, Some(&last[..width]), || {
+    let still = hashes_still_known(obj, known, &last[..width], || {
         with_lock(py, tables, |t| {
             t.known_hashes_of(id)
                 .map_or((Vec::new(), 0), |h| (h.as_bytes().to_vec(), h.width()))

@@ -308,7 +308,6 @@ class HybridKVCacheManager(ManagerCommon):
         self.block_size: int = specs[0].block_size
         #: Each group's block size, by group index.
         self._block_sizes = [spec.block_size for spec in specs]
-        self._hash_block_size = hash_block_size
         retention = kv_cache_config.prefix_cache_retention_interval
         _validate_retention(retention, scheduler_block_size, kv_cache_config)
         self._pool = kvpool.BlockPool(kv_cache_config.num_blocks, block_size=hash_block_size,
@@ -382,7 +381,7 @@ class HybridKVCacheManager(ManagerCommon):
         # The group's blocks, each keyed by the last hash within it (vLLM's view of the
         # hashes at the group's block size).
         bs = event.block_size
-        scale = bs // self._hash_block_size
+        scale = bs // self.block_pool.hash_block_size
         hashes, parent = request.block_hashes, event.parent_block_hash
         first = 0 if parent is None else (next(i for i in range(len(hashes) - 1, -1, -1)
                                                if hashes[i] == parent) + 1) // scale
