@@ -529,3 +529,59 @@ def test_the_reference_refuses_what_rust_refuses(case: str, call: Callable[[Any]
     for module in (kvpool, kvpool.reference):
         with pytest.raises(error):
             call(module)
+
+
+class _StickyArray(np.ndarray):
+    """An array subclass whose ``astype`` returns the array itself (as a lazy or caching
+    wrapper might): kvpool casts with ``numpy.ndarray.astype`` instead (the subclass's own
+    sent the conversions into endless recursion, a crash)."""
+
+    def astype(self, *args: Any, **kwargs: Any) -> Any:
+        return self
+
+
+def test_an_array_subclass_is_cast_by_numpy_not_by_its_own_astype() -> None:
+    import kvpool.reference
+
+    int16 = np.array([1, 2, 3, 4], dtype=np.int16).view(_StickyArray)
+    swapped = np.array([1, 2, 3, 4], dtype=">i8").view(_StickyArray)
+    for tokens in (int16, swapped):
+        got = kvpool.BlockHasher(2).hash_tokens(tokens)
+        assert list(got) == kvpool.reference.BlockHasher(2).hash_tokens(tokens)
+    pool = kvpool.BlockPool(8)
+    pool.touch(np.array([1, 2], dtype=np.int16).view(_StickyArray))
+    assert [pool.ref_count(i) for i in (1, 2)] == [1, 1]
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("spec", ["\ud800", ("\ud800", 4), ("\ud800", None, 8)])
+def test_group_specs_with_a_lone_surrogate(spec: Any) -> None:
+    pool = kvpool.BlockPool(64, block_size=4)
+    for call in (lambda: kvpool.GroupTables(pool, [spec], max_model_len=64),
+                 lambda: kvpool.GroupManager(64, 4, [spec]),
+                 lambda: kvpool.find_group_hit(pool, spec, [], 10)):
+        with pytest.raises(InvalidArgumentError, match="lone surrogate"):
+            call()
+
+
+def test_arguments_pyo3_used_to_convert_raise_kvpool_errors() -> None:
+    """Arguments that were typed in the binding's signature (so PyO3 raised its own
+    TypeError or ValueError) are now checked by kvpool."""
+    pool = kvpool.BlockPool(64, block_size=4)
+    tables = kvpool.BlockTables(pool, max_model_len=64)
+    with pytest.raises(DtypeError, match="timeout"):
+        kvpool.ReplayRing(4, 1000).drain("x")
+    with pytest.raises(InvalidArgumentError, match="timeout"):
+        kvpool.ReplayRing(4, 1000).drain(-1)
+    with pytest.raises(DtypeError, match="kvpool.BlockTables"):
+        kvpool.VllmManagerCalls(pool, (), list, list, (), 0)
+    with pytest.raises(DtypeError, match="waiting_statuses must be a tuple"):
+        kvpool.VllmManagerCalls(tables, (), list, list, [], 0)
+    group_tables = kvpool.GroupTables(pool, ["full"], max_model_len=64)
+    with pytest.raises(DtypeError, match="kvpool.GroupTables"):
+        kvpool.VllmGroupCalls(tables, (), list, list, (), 0)
+    with pytest.raises(DtypeError, match="waiting_statuses must be a tuple"):
+        kvpool.VllmGroupCalls(group_tables, (), list, list, [], 0)
+    hashes = kvpool.BlockHasher(4).hash_tokens(list(range(16)))
+    with pytest.raises(InvalidArgumentError, match="slice step cannot be zero"):
+        hashes[::0]

@@ -456,3 +456,109 @@ def test_an_array_borrowed_by_a_call_that_waits_for_a_lock_is_copied_first() -> 
     change or shrink meanwhile without changing the answer or aborting the process."""
     for _ in range(3):
         assert run_script(BORROWED_WHILE_WAITING).strip() == "ok"
+
+
+def test_ids_lent_to_cache_full_blocks_are_borrowed_after_the_other_arguments() -> None:
+    """``cache_full_blocks`` reads an int32 id array in place; the hashes are converted
+    first, and converting them may run Python code that resizes the array (a generator
+    here). The call reads the array as it is after that, never freed memory: before, it
+    cached the blocks of another array that numpy had put in the freed room."""
+    import numpy as np
+
+    import kvpool
+
+    pool = kvpool.BlockPool(16, block_size=4)
+    first, second = pool.get_new_blocks(4), pool.get_new_blocks(4)
+    ids = np.array(first, dtype=np.int32)
+    keep = []
+
+    def hashes():
+        yield bytes(31) + b"\x01"
+        ids.resize(1000, refcheck=False)  # new memory, the first 4 ids copied; the old freed
+        keep.append(np.array(second, dtype=np.int32))  # likely to land in the freed room
+        for i in range(2, 5):
+            yield bytes(31) + bytes([i])
+
+    pool.cache_full_blocks(ids, hashes(), 0, 4)
+    assert [i for i in range(16) if pool.block_hash(i) is not None] == sorted(first.tolist())
+    pool.check_invariants()
+
+
+STEP_RESULT_FROM_GC = """
+import faulthandler, gc
+import kvpool
+faulthandler.dump_traceback_later(20, exit=True)
+manager = kvpool.KVCacheManager(64, 4)
+manager.add_request("r", list(range(10)))
+current = []
+gc.callbacks.append(lambda phase, info: current and (current[0].offsets, current[0].status))
+gc.set_threshold(1)
+for _ in range(300):
+    result = manager.schedule_step(["r"], 10)
+    current[:] = [result]
+    assert len(result.offsets) == 2 and result.status.tolist() == [0]
+    manager.preempt("r")
+gc.callbacks.clear()
+print("ok")
+"""
+
+
+def test_step_result_arrays_may_be_read_from_code_their_creation_runs() -> None:
+    """A ``StepResult`` builds each array on first read; building it can start the garbage
+    collector, whose callbacks may read the same property. The array is now built outside
+    the result's once-cell (before, the nested read deadlocked on the cell)."""
+    assert run_script(STEP_RESULT_FROM_GC).strip() == "ok"
+
+
+RING_REFUSES_MEANWHILE = """
+import sys, threading, zmq
+import kvpool
+
+send = sys.argv[1] == "send"
+if send:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUB)
+    sock.bind("inproc://ring")
+    sink = kvpool.ZmqSink(sock, b"kv")
+refused = 0
+for trial in range(100):
+    pool = kvpool.BlockPool(4096, block_size=16, enable_events=True, max_pending_events=100_000)
+    ids = pool.get_new_blocks(4000)
+    for i in range(4000):
+        pool.cache_full_blocks(ids[i:i + 1], [i.to_bytes(32, "big")], 0, 1)
+    expected = pool.num_pending_events
+    ring = kvpool.ReplayRing(8, 1 << 24)
+    if trial % 2:
+        meddle = ring.close
+    else:
+        meddle = lambda: ring.append(5, b"x")
+    def meddler():
+        while pool.num_pending_events:  # the call took the events and gave up the GIL
+            pass
+        meddle()
+    thread = threading.Thread(target=meddler)
+    thread.start()
+    try:
+        if send:
+            pool.send_events(sink, 1, replay=ring)
+        else:
+            pool.take_events_msgpack(replay=ring, seq=1)
+    except kvpool.KVPoolError:
+        refused += 1
+        # Refused after the events were taken: they are queued again, all of them.
+        assert pool.num_pending_events == expected, (pool.num_pending_events, expected)
+    else:
+        assert pool.num_pending_events == 0 and 1 in [s for s, _ in ring.batches_from(0)]
+    thread.join()
+print("ok", refused)
+"""
+
+
+@pytest.mark.parametrize("how", ["take", "send"])
+def test_events_go_back_when_the_replay_ring_refuses_them_after_they_are_taken(how: str) -> None:
+    """``take_events_msgpack(replay=)`` and ``send_events(replay=)`` check the ring before
+    taking the events, but another thread may close it or hold a later batch while the
+    call encodes (the GIL released); the events then go back to the queue instead of
+    being lost (before, 20% of such races dropped every event)."""
+    out = run_script(RING_REFUSES_MEANWHILE, how).split()
+    assert out[0] == "ok", out

@@ -204,7 +204,8 @@ class BlockPool:
         With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
         held in the ring as batch ``seq`` (written there with stores that bypass the
         cache, on this thread, the GIL released); the ring's refusal (closed, or
-        ``seq`` not above its last batch) is raised before any event is taken.
+        ``seq`` not above its last batch) is raised before any event is taken; a
+        refusal caused meanwhile by another thread puts the events back in the queue.
         """
     def send_events(
         self,
@@ -223,8 +224,9 @@ class BlockPool:
         rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
         in bytes; 0 when there was no event, and then nothing is held or sent. A closed
         sink or ring, or ``seq`` not above the ring's last batch, is raised before any
-        event is taken; a send that fails after that raises ``TransportError`` with the
-        batch held.
+        event is taken (a refusal caused meanwhile by another thread puts the events
+        back in the queue); a send that fails after that raises ``TransportError`` with
+        the batch held.
         """
     @property
     def max_pending_events(self) -> int:
@@ -729,9 +731,12 @@ class GroupManager:
 
     ``GroupManager(num_blocks, block_size, groups, *, enable_caching=None,
     hash_algo=None, seed=None, enable_events=None, max_model_len=None,
-    max_in_flight_tokens=None, retention_interval=None)``: ``groups`` as for
+    max_in_flight_tokens=None, retention_interval=None, eviction=None,
+    max_pinned_blocks=None, clock=None, adaptive_horizon=None)``: ``groups`` as for
     ``GroupTables`` (``"full"``, ``("sliding_window", window)``,
-    ``("chunked_local", chunk)``). Per-group results are tuples of int32 arrays.
+    ``("chunked_local", chunk)``, each optionally with a block size of its own, a
+    multiple of ``block_size``, as a third item); the eviction arguments as for
+    ``KVCacheManager``. Per-group results are tuples of int32 arrays.
     """
 
     def __new__(
@@ -862,7 +867,8 @@ class GroupManager:
         With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
         held in the ring as batch ``seq`` (written there with stores that bypass the
         cache, on this thread, the GIL released); the ring's refusal (closed, or
-        ``seq`` not above its last batch) is raised before any event is taken.
+        ``seq`` not above its last batch) is raised before any event is taken; a
+        refusal caused meanwhile by another thread puts the events back in the queue.
         """
     def send_events(
         self,
@@ -881,8 +887,9 @@ class GroupManager:
         rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
         in bytes; 0 when there was no event, and then nothing is held or sent. A closed
         sink or ring, or ``seq`` not above the ring's last batch, is raised before any
-        event is taken; a send that fails after that raises ``TransportError`` with the
-        batch held.
+        event is taken (a refusal caused meanwhile by another thread puts the events
+        back in the queue); a send that fails after that raises ``TransportError`` with
+        the batch held.
         """
     def reset_prefix_cache(self) -> bool:
         """Clears the prefix cache; ``False`` (nothing changes) while blocks are in use."""
@@ -898,8 +905,10 @@ class GroupTables:
     ``GroupTables(pool, groups, *, max_model_len, max_in_flight_tokens=None,
     retention_interval=None, record_new_block_ids=False, pool_group_ids=None,
     scheduler_block_size=None)``: ``groups`` lists each group's attention,
-    ``"full"``, ``("sliding_window", window)`` or ``("chunked_local", chunk)``,
-    every group with the pool's ``block_size``. ``max_in_flight_tokens`` (default
+    ``"full"``, ``("sliding_window", window)`` or ``("chunked_local", chunk)``, with
+    the pool's ``block_size``, or with a block size of its own (a multiple of the
+    pool's) as a third item: ``("full", None, 32)``, ``("sliding_window", 128, 32)``.
+    ``max_in_flight_tokens`` (default
     ``max_model_len``) bounds what a window group holds per request for the
     full-sequence gate; ``retention_interval`` is vLLM's
     ``prefix_cache_retention_interval``. When the tables are one part of a model's
@@ -1386,7 +1395,8 @@ class KVCacheManager:
         With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
         held in the ring as batch ``seq`` (written there with stores that bypass the
         cache, on this thread, the GIL released); the ring's refusal (closed, or
-        ``seq`` not above its last batch) is raised before any event is taken.
+        ``seq`` not above its last batch) is raised before any event is taken; a
+        refusal caused meanwhile by another thread puts the events back in the queue.
         """
     def send_events(
         self,
@@ -1405,8 +1415,9 @@ class KVCacheManager:
         rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
         in bytes; 0 when there was no event, and then nothing is held or sent. A closed
         sink or ring, or ``seq`` not above the ring's last batch, is raised before any
-        event is taken; a send that fails after that raises ``TransportError`` with the
-        batch held.
+        event is taken (a refusal caused meanwhile by another thread puts the events
+        back in the queue); a send that fails after that raises ``TransportError`` with
+        the batch held.
         """
     @property
     def num_pending_events(self) -> int:

@@ -41,16 +41,7 @@ pub struct PyBlockPool {
 pub(super) fn pool_arg<'a, 'py>(
     obj: &'a Bound<'py, PyAny>,
 ) -> PyResult<&'a Bound<'py, PyBlockPool>> {
-    obj.cast::<PyBlockPool>().map_err(|_| {
-        error(
-            obj.py(),
-            ErrorKind::Dtype,
-            format!(
-                "pool must be a kvpool.BlockPool, got {}",
-                super::convert::type_name(obj)
-            ),
-        )
-    })
+    super::convert::typed_arg(obj, "pool", "kvpool.BlockPool")
 }
 
 impl PyBlockPool {
@@ -392,10 +383,14 @@ impl PyBlockPool {
         // The ids as handed out (a contiguous int32 array) are read in place, as in
         // `free_blocks`; any other ids are converted first, so that their errors come
         // before the hashes' (range errors come from the core, after the count arguments:
-        // the documented order).
-        let lent = borrow_block_ids(block_ids).filter(|lent| !lent.reversed);
+        // the documented order). The in-place borrow is taken only after the other
+        // arguments are converted: their conversion can run Python code, which could
+        // resize the array under a borrow taken earlier.
+        let lendable =
+            |ids: &Bound<'_, PyAny>| borrow_block_ids(ids).is_some_and(|lent| !lent.reversed);
         let mut ids = Vec::new();
-        if lent.is_none() {
+        let in_place = lendable(block_ids);
+        if !in_place {
             extract_block_ids(block_ids, u32::MAX, &mut ids)?;
         }
         let hashes = FlatHashes::extract(block_hashes)?;
@@ -424,9 +419,12 @@ impl PyBlockPool {
                 block_size: None,
             })
         };
-        if let Some(lent) = lent {
-            if self.done_in_place(|pool| cache(pool, lent.ids)) {
-                return Ok(());
+        if in_place {
+            // Lendable when checked above, unless a conversion since changed the array.
+            if let Some(lent) = borrow_block_ids(block_ids).filter(|lent| !lent.reversed) {
+                if self.done_in_place(|pool| cache(pool, lent.ids)) {
+                    return Ok(());
+                }
             }
             extract_block_ids(block_ids, u32::MAX, &mut ids)?;
         }
@@ -696,7 +694,8 @@ impl PyBlockPool {
     /// With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
     /// held in the ring as batch ``seq`` (written there with stores that bypass the
     /// cache, on this thread, the GIL released); the ring's refusal (closed, or
-    /// ``seq`` not above its last batch) is raised before any event is taken.
+    /// ``seq`` not above its last batch) is raised before any event is taken; a
+    /// refusal caused meanwhile by another thread puts the events back in the queue.
     #[pyo3(signature = (ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None, seq=None))]
     #[allow(clippy::too_many_arguments)]
     fn take_events_msgpack<'py>(
@@ -718,7 +717,7 @@ impl PyBlockPool {
             replay,
             seq,
             || self.with_pool(py, |pool| pool.take_events()),
-            |buffer| self.with_pool(py, |pool| pool.recycle_event_buffer(buffer)),
+            |taken| self.with_pool(py, |pool| pool.return_events(taken)),
         )
     }
 
@@ -728,8 +727,9 @@ impl PyBlockPool {
     /// rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
     /// in bytes; 0 when there was no event, and then nothing is held or sent. A closed
     /// sink or ring, or ``seq`` not above the ring's last batch, is raised before any
-    /// event is taken; a send that fails after that raises ``TransportError`` with the
-    /// batch held.
+    /// event is taken (a refusal caused meanwhile by another thread puts the events
+    /// back in the queue); a send that fails after that raises ``TransportError`` with
+    /// the batch held.
     #[pyo3(signature = (sink, seq, ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None))]
     #[allow(clippy::too_many_arguments)]
     fn send_events(
@@ -753,7 +753,7 @@ impl PyBlockPool {
             medium,
             replay,
             || self.with_pool(py, |pool| pool.take_events()),
-            |buffer| self.with_pool(py, |pool| pool.recycle_event_buffer(buffer)),
+            |taken| self.with_pool(py, |pool| pool.return_events(taken)),
         )
     }
 

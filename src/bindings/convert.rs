@@ -9,11 +9,12 @@ use numpy::{
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
+use pyo3::type_object::PyTypeCheck;
 use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyMemoryView, PySet,
-    PyString, PyTuple, PyType,
+    PyString, PyTuple,
 };
+use pyo3::PyTypeInfo;
 
 use super::array_reader::{self, Ids};
 use super::errors::{error, ErrorKind};
@@ -155,7 +156,7 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
         }
         // Other integer widths: let numpy widen them, then check the unsigned ones fit.
         if kind == b'u' {
-            let wide = arr.call_method1("astype", ("uint64",))?;
+            let wide = plain_astype(arr, "uint64")?;
             let wide = wide
                 .cast::<PyArray1<u64>>()
                 .map_err(|_| dtype_error(obj, what))?;
@@ -172,9 +173,7 @@ pub fn extract_i64s(obj: &Bound<'_, PyAny>, what: &str, out: &mut Vec<i64>) -> P
             }
             return Ok(());
         }
-        let as_i64 = arr
-            .call_method1("astype", ("int64",))
-            .map_err(|_| dtype_error(obj, what))?;
+        let as_i64 = plain_astype(arr, "int64").map_err(|_| dtype_error(obj, what))?;
         return extract_i64s(&as_i64, what, out);
     }
     if not_a_sequence_of_ints(obj) {
@@ -214,20 +213,42 @@ fn not_a_sequence_of_ints(obj: &Bound<'_, PyAny>) -> bool {
 }
 
 /// True when `obj`'s type is exactly `numpy.ndarray` (not a subclass such as a
-/// masked array); one pointer comparison after the first call.
+/// masked array): one pointer comparison with numpy's own type object.
 fn is_plain_ndarray(obj: &Bound<'_, PyAny>) -> bool {
-    static NDARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    let py = obj.py();
-    let ndarray = NDARRAY.get_or_try_init(py, || -> PyResult<Py<PyType>> {
-        Ok(numpy::get_array_module(py)?
-            .getattr("ndarray")?
-            .cast_into::<PyType>()?
-            .unbind())
-    });
-    match ndarray {
-        Ok(t) => obj.get_type().is(t.bind(py)),
-        Err(_) => false,
-    }
+    obj.is_exact_instance_of::<PyUntypedArray>()
+}
+
+/// `obj` as a `T` (a kvpool class, a tuple), or a `DtypeError` naming the argument and
+/// the class expected (`class`, as the user writes it: `kvpool.BlockPool`, `tuple`).
+pub fn typed_arg<'a, 'py, T: PyTypeCheck>(
+    obj: &'a Bound<'py, PyAny>,
+    what: &str,
+    class: &str,
+) -> PyResult<&'a Bound<'py, T>> {
+    obj.cast::<T>().map_err(|_| {
+        error(
+            obj.py(),
+            ErrorKind::Dtype,
+            format!("{what} must be a {class}, got {}", type_name(obj)),
+        )
+    })
+}
+
+/// `arr` cast to `dtype` by `numpy.ndarray.astype` itself, as a plain ndarray: a
+/// subclass's own `astype` is not called (one that returned its input would make the
+/// conversions that recurse on the cast never end).
+fn plain_astype<'py>(
+    arr: &Bound<'py, PyAny>,
+    dtype: impl IntoPyObject<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = arr.py();
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(pyo3::intern!(py, "subok"), false)?;
+    PyUntypedArray::type_object(py).call_method(
+        pyo3::intern!(py, "astype"),
+        (arr, dtype),
+        Some(&kwargs),
+    )
 }
 
 /// Checks the numpy arrays that cannot be read in place: a masked array is a
@@ -259,7 +280,7 @@ pub fn aligned_copy<'py>(
     let native = arr
         .dtype()
         .call_method1(pyo3::intern!(py, "newbyteorder"), ("=",))?;
-    let copy = arr.call_method1(pyo3::intern!(py, "astype"), (native,))?;
+    let copy = plain_astype(arr, native)?;
     Ok(Some(copy))
 }
 

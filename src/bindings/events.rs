@@ -4,7 +4,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-use crate::pool::{EventExtraKey, PoolEvent, StoredBlocks};
+use super::locking::init_once;
+use crate::pool::{EventExtraKey, PoolEvent, StoredBlocks, TakenEvents};
 
 static EVENTS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
@@ -41,9 +42,10 @@ fn extra_keys_to_py<'py>(
 
 /// Converts queued events, oldest first, into a Python list of event objects.
 pub fn events_to_py<'py>(py: Python<'py>, events: Vec<PoolEvent>) -> PyResult<Bound<'py, PyList>> {
-    let module = EVENTS_MODULE
-        .get_or_try_init(py, || py.import("kvpool.events").map(Bound::unbind))?
-        .bind(py);
+    let module = init_once(py, &EVENTS_MODULE, || {
+        py.import("kvpool.events").map(Bound::unbind)
+    })?
+    .bind(py);
     let list = PyList::empty(py);
     for event in events {
         let obj = match event {
@@ -180,7 +182,9 @@ impl WireArgs {
 /// batch that has events is also held in the ring as batch `seq`, copied there from
 /// the encoding buffer while it is still in cache. The ring's refusal (closed, or
 /// `seq` not above its last batch) is checked before any event is taken, so a refused
-/// call changes nothing. The emptied event queue goes back through `give_back`.
+/// call changes nothing; if the ring refuses the batch after that (another thread
+/// closed it or held a later batch meanwhile), the events go back to the queue, in
+/// front. Taken events go back through `give_back`.
 #[allow(clippy::too_many_arguments)]
 pub fn take_encoded<'py>(
     py: Python<'py>,
@@ -191,7 +195,7 @@ pub fn take_encoded<'py>(
     replay: Option<&Bound<'py, PyAny>>,
     seq: Option<&Bound<'py, PyAny>>,
     take: impl FnOnce() -> Vec<PoolEvent>,
-    give_back: impl FnOnce(Vec<PoolEvent>),
+    give_back: impl FnOnce(TakenEvents),
 ) -> PyResult<Bound<'py, PyBytes>> {
     let args = WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
     let keep = replay_target(py, replay, seq)?;
@@ -205,9 +209,13 @@ pub fn take_encoded<'py>(
         }
         _ => Ok(args.encode(py, &events)),
     };
+    if encoded.is_err() {
+        give_back(TakenEvents::Refused(events));
+        return encoded;
+    }
     // The events are dropped here, outside the owner's lock; their room goes back.
     events.clear();
-    give_back(events);
+    give_back(TakenEvents::Consumed(events));
     encoded
 }
 
@@ -216,8 +224,10 @@ pub fn take_encoded<'py>(
 /// buffer ZeroMQ gets back to, held in `replay` (if given) as batch `seq`, and sent on
 /// `sink` with the payload lent. Returns the payload's length, 0 when there were no
 /// events (nothing held or sent). The sink's and the ring's refusals are checked before
-/// any event is taken; a send that fails after that raises ``TransportError`` with the
-/// batch held.
+/// any event is taken, and a ring that refuses the batch after that (closed or moved
+/// past `seq` by another thread meanwhile) gets the events back to the queue, in front;
+/// a send that fails after the batch is held raises ``TransportError`` with the batch
+/// held.
 #[allow(clippy::too_many_arguments)]
 pub fn take_sent(
     py: Python<'_>,
@@ -229,7 +239,7 @@ pub fn take_sent(
     medium: Option<&Bound<'_, PyAny>>,
     replay: Option<&Bound<'_, PyAny>>,
     take: impl FnOnce() -> Vec<PoolEvent>,
-    give_back: impl FnOnce(Vec<PoolEvent>),
+    give_back: impl FnOnce(TakenEvents),
 ) -> PyResult<usize> {
     let args = WireArgs::from_py(py, ts, data_parallel_rank, group_specs, medium)?;
     let sink = kvpool_object::<super::zmq_sink::PyZmqSink>(sink, "sink", "ZmqSink")?;
@@ -241,16 +251,19 @@ pub fn take_sent(
     }
     let mut events = take();
     if events.is_empty() {
-        give_back(events);
+        give_back(TakenEvents::Consumed(events));
         return Ok(0);
     }
     let mut payload = super::zmq_sink::spare_buffer();
     py.detach(|| args.encode_into(&events, &mut payload));
-    events.clear();
-    give_back(events);
     if let Some(ring) = ring {
-        ring.hold(py, seq, &payload)?;
+        if let Err(refused) = ring.hold(py, seq, &payload) {
+            give_back(TakenEvents::Refused(events));
+            return Err(refused);
+        }
     }
+    events.clear();
+    give_back(TakenEvents::Consumed(events));
     let len = payload.len();
     sink.send_batch(py, seq, payload)?;
     Ok(len)
@@ -296,16 +309,7 @@ fn kvpool_object<'a, T>(obj: &'a Bound<'_, PyAny>, what: &str, class: &str) -> P
 where
     T: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync,
 {
-    obj.cast::<T>().map(|b| b.get()).map_err(|_| {
-        super::errors::error(
-            obj.py(),
-            super::errors::ErrorKind::Dtype,
-            format!(
-                "{what} must be a kvpool.{class}, got {}",
-                super::convert::type_name(obj)
-            ),
-        )
-    })
+    super::convert::typed_arg::<T>(obj, what, &format!("kvpool.{class}")).map(|b| b.get())
 }
 
 /// The bytes `write` appends to an empty buffer (run with the GIL released), through

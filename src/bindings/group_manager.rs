@@ -22,9 +22,12 @@ use crate::pool::{GroupBlocks, GroupManager, LoraInfo, ManagerConfig, StepOutcom
 ///
 /// ``GroupManager(num_blocks, block_size, groups, *, enable_caching=None,
 /// hash_algo=None, seed=None, enable_events=None, max_model_len=None,
-/// max_in_flight_tokens=None, retention_interval=None)``: ``groups`` as for
+/// max_in_flight_tokens=None, retention_interval=None, eviction=None,
+/// max_pinned_blocks=None, clock=None, adaptive_horizon=None)``: ``groups`` as for
 /// ``GroupTables`` (``"full"``, ``("sliding_window", window)``,
-/// ``("chunked_local", chunk)``). Per-group results are tuples of int32 arrays.
+/// ``("chunked_local", chunk)``, each optionally with a block size of its own, a
+/// multiple of ``block_size``, as a third item); the eviction arguments as for
+/// ``KVCacheManager``. Per-group results are tuples of int32 arrays.
 #[pyclass(frozen, module = "kvpool", name = "GroupManager")]
 pub struct PyGroupManager {
     inner: Mutex<GroupManager>,
@@ -381,7 +384,8 @@ impl PyGroupManager {
     /// With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
     /// held in the ring as batch ``seq`` (written there with stores that bypass the
     /// cache, on this thread, the GIL released); the ring's refusal (closed, or
-    /// ``seq`` not above its last batch) is raised before any event is taken.
+    /// ``seq`` not above its last batch) is raised before any event is taken; a
+    /// refusal caused meanwhile by another thread puts the events back in the queue.
     #[pyo3(signature = (ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None, seq=None))]
     #[allow(clippy::too_many_arguments)]
     fn take_events_msgpack<'py>(
@@ -403,7 +407,7 @@ impl PyGroupManager {
             replay,
             seq,
             || self.with_manager(py, |m| m.take_events()),
-            |buffer| self.with_manager(py, |m| m.recycle_event_buffer(buffer)),
+            |taken| self.with_manager(py, |m| m.return_events(taken)),
         )
     }
 
@@ -413,8 +417,9 @@ impl PyGroupManager {
     /// rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
     /// in bytes; 0 when there was no event, and then nothing is held or sent. A closed
     /// sink or ring, or ``seq`` not above the ring's last batch, is raised before any
-    /// event is taken; a send that fails after that raises ``TransportError`` with the
-    /// batch held.
+    /// event is taken (a refusal caused meanwhile by another thread puts the events
+    /// back in the queue); a send that fails after that raises ``TransportError`` with
+    /// the batch held.
     #[pyo3(signature = (sink, seq, ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None))]
     #[allow(clippy::too_many_arguments)]
     fn send_events(
@@ -438,7 +443,7 @@ impl PyGroupManager {
             medium,
             replay,
             || self.with_manager(py, |m| m.take_events()),
-            |buffer| self.with_manager(py, |m| m.recycle_event_buffer(buffer)),
+            |taken| self.with_manager(py, |m| m.return_events(taken)),
         )
     }
 

@@ -11,7 +11,7 @@ use pyo3::types::{PyString, PyTuple};
 use super::block_pool::{pool_arg, PyBlockPool};
 use super::convert::{
     extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
-    sync_known_hashes, type_name,
+    sync_known_hashes, type_name, utf8_str,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
@@ -28,8 +28,10 @@ use crate::pool::{
 /// ``GroupTables(pool, groups, *, max_model_len, max_in_flight_tokens=None,
 /// retention_interval=None, record_new_block_ids=False, pool_group_ids=None,
 /// scheduler_block_size=None)``: ``groups`` lists each group's attention,
-/// ``"full"``, ``("sliding_window", window)`` or ``("chunked_local", chunk)``,
-/// every group with the pool's ``block_size``. ``max_in_flight_tokens`` (default
+/// ``"full"``, ``("sliding_window", window)`` or ``("chunked_local", chunk)``, with
+/// the pool's ``block_size``, or with a block size of its own (a multiple of the
+/// pool's) as a third item: ``("full", None, 32)``, ``("sliding_window", 128, 32)``.
+/// ``max_in_flight_tokens`` (default
 /// ``max_model_len``) bounds what a window group holds per request for the
 /// full-sequence gate; ``retention_interval`` is vLLM's
 /// ``prefix_cache_retention_interval``. When the tables are one part of a model's
@@ -100,7 +102,7 @@ pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<
         )
     };
     if let Ok(name) = obj.cast::<PyString>() {
-        return match name.to_str()? {
+        return match utf8_str(name, "a group spec")? {
             "full" | "full_attention" => Ok(GroupSpec::full(block_size)),
             _ => Err(bad()),
         };
@@ -133,9 +135,8 @@ pub(super) fn group_spec(obj: &Bound<'_, PyAny>, block_size: usize) -> PyResult<
     let kind = tuple.get_item(0)?;
     let kind = kind
         .cast::<PyString>()
-        .map_err(|_| bad())?
-        .to_str()?
-        .to_owned();
+        .map_err(|_| bad())
+        .and_then(|kind| utf8_str(kind, "a group spec").map(str::to_owned))?;
     let param = tuple.get_item(1)?;
     if matches!(kind.as_str(), "full" | "full_attention") && param.is_none() {
         return Ok(GroupSpec::full(block_size));

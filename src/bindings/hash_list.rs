@@ -89,7 +89,13 @@ impl PyBlockHashList {
     ) -> PyResult<Bound<'py, PyAny>> {
         let len = self.len();
         if let Ok(slice) = index.cast::<PySlice>() {
-            let ind = slice.indices(len as isize)?;
+            let ind = slice.indices(len as isize).map_err(|e| {
+                super::errors::error(
+                    py,
+                    super::errors::ErrorKind::InvalidArgument,
+                    e.value(py).to_string(),
+                )
+            })?;
             let out = self.with_bytes(|bytes| {
                 let mut out = Vec::with_capacity(ind.slicelength * self.width);
                 let mut i = ind.start;

@@ -139,7 +139,8 @@ pub fn enabled(py: Python<'_>) -> bool {
 fn usable(py: Python<'_>) -> bool {
     use pyo3::sync::PyOnceLock;
     static USABLE: PyOnceLock<bool> = PyOnceLock::new();
-    *USABLE.get_or_init(py, || fast::self_check(py).unwrap_or(false))
+    super::locking::init_once(py, &USABLE, || Ok(fast::self_check(py).unwrap_or(false)))
+        .is_ok_and(|usable| *usable)
 }
 
 #[cfg(fast_ints)]

@@ -82,3 +82,24 @@ pub fn with_detached<T: Send, R: Send>(
 ) -> R {
     py.detach(|| f(&mut mutex.lock().unwrap_or_else(|p| p.into_inner())))
 }
+
+/// `cell`'s value, made by `init` on first use under rule 1: `init` (which may run
+/// Python code: an import, object creation) runs without holding the cell, so code it
+/// triggers (a garbage-collector callback reading the same value) makes a value of its
+/// own instead of deadlocking on the cell's initialisation. The first value stored
+/// wins; a losing one is dropped.
+pub fn init_once<'a, T>(
+    py: Python<'_>,
+    cell: &'a pyo3::sync::PyOnceLock<T>,
+    init: impl FnOnce() -> PyResult<T>,
+) -> PyResult<&'a T> {
+    if let Some(value) = cell.get(py) {
+        return Ok(value);
+    }
+    let made = init()?;
+    // `Err` returns `made` when another call stored a value first.
+    drop(cell.set(py, made));
+    cell.get(py).ok_or_else(|| {
+        pyo3::exceptions::PyRuntimeError::new_err("kvpool: a cached value was not stored")
+    })
+}

@@ -15,7 +15,7 @@ use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
 use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
-use super::locking::{with_detached, with_lock};
+use super::locking::{init_once, with_detached, with_lock};
 use super::recycled_ids::RecycledIds;
 use super::requests::{request_id, request_ids};
 use super::step::{step_args, step_limits, step_requests, PyStepResult};
@@ -42,7 +42,7 @@ pub struct PyKVCacheManager {
 static STATS_CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn stats_to_py<'py>(py: Python<'py>, stats: &PrefixCacheStats) -> PyResult<Bound<'py, PyAny>> {
-    let cls = STATS_CLASS.get_or_try_init(py, || {
+    let cls = init_once(py, &STATS_CLASS, || {
         py.import("kvpool.stats")
             .and_then(|m| m.getattr("PrefixCacheStats"))
             .map(Bound::unbind)
@@ -590,7 +590,8 @@ impl PyKVCacheManager {
     /// With ``replay`` (a ``ReplayRing``) and ``seq``, a batch that has events is also
     /// held in the ring as batch ``seq`` (written there with stores that bypass the
     /// cache, on this thread, the GIL released); the ring's refusal (closed, or
-    /// ``seq`` not above its last batch) is raised before any event is taken.
+    /// ``seq`` not above its last batch) is raised before any event is taken; a
+    /// refusal caused meanwhile by another thread puts the events back in the queue.
     #[pyo3(signature = (ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None, seq=None))]
     #[allow(clippy::too_many_arguments)]
     fn take_events_msgpack<'py>(
@@ -612,7 +613,7 @@ impl PyKVCacheManager {
             replay,
             seq,
             || self.with_manager(py, |m| m.take_events()),
-            |buffer| self.with_manager(py, |m| m.recycle_event_buffer(buffer)),
+            |taken| self.with_manager(py, |m| m.return_events(taken)),
         )
     }
 
@@ -622,8 +623,9 @@ impl PyKVCacheManager {
     /// rather than copied (``ZmqPublisher.publish_from``). Returns the payload's length
     /// in bytes; 0 when there was no event, and then nothing is held or sent. A closed
     /// sink or ring, or ``seq`` not above the ring's last batch, is raised before any
-    /// event is taken; a send that fails after that raises ``TransportError`` with the
-    /// batch held.
+    /// event is taken (a refusal caused meanwhile by another thread puts the events
+    /// back in the queue); a send that fails after that raises ``TransportError`` with
+    /// the batch held.
     #[pyo3(signature = (sink, seq, ts=None, *, data_parallel_rank=None, group_specs=None, medium=None, replay=None))]
     #[allow(clippy::too_many_arguments)]
     fn send_events(
@@ -647,7 +649,7 @@ impl PyKVCacheManager {
             medium,
             replay,
             || self.with_manager(py, |m| m.take_events()),
-            |buffer| self.with_manager(py, |m| m.recycle_event_buffer(buffer)),
+            |taken| self.with_manager(py, |m| m.return_events(taken)),
         )
     }
 

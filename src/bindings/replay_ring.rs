@@ -5,6 +5,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::convert::{bytes_arg, int_arg};
 use super::errors::{error, ErrorKind};
+use super::eviction_args::opt_seconds_arg;
 use crate::pool::{AppendError, ReplayRing};
 
 /// The last ``max_batches`` event payloads within ``max_bytes`` (the newest always
@@ -149,15 +150,18 @@ impl PyReplayRing {
 
     /// True: every batch is held once ``append`` returns. Kept from the ring's first
     /// design, which copied on a thread of its own (``timeout`` is still checked).
-    fn drain(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
-        if !(timeout >= 0.0 && timeout.is_finite()) {
-            return Err(error(
+    fn drain(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match opt_seconds_arg(Some(timeout), "timeout")? {
+            Some(seconds) if seconds >= 0.0 => Ok(true),
+            seconds => Err(error(
                 py,
                 ErrorKind::InvalidArgument,
-                format!("timeout must be >= 0 seconds, got {timeout}"),
-            ));
+                format!(
+                    "timeout must be >= 0 seconds, got {}",
+                    seconds.map_or("None".into(), |s| s.to_string())
+                ),
+            )),
         }
-        Ok(true)
     }
 
     /// Later appends raise; what is held stays readable.

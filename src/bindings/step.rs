@@ -41,7 +41,16 @@ fn cached<'py, T: numpy::Element>(
     cell: &PyOnceLock<Py<PyArray1<T>>>,
     make: impl FnOnce() -> Bound<'py, PyArray1<T>>,
 ) -> Bound<'py, PyArray1<T>> {
-    cell.get_or_init(py, || make().unbind()).bind(py).clone()
+    if let Some(arr) = cell.get(py) {
+        return arr.bind(py).clone();
+    }
+    // Built with the cell not held (object creation can run the garbage collector,
+    // whose callbacks may read the same property); the first array stored wins.
+    let arr = make();
+    match cell.set(py, arr.clone().unbind()) {
+        Ok(()) => arr,
+        Err(_) => cell.get(py).map_or(arr, |won| won.bind(py).clone()),
+    }
 }
 
 fn counts_to_numpy<'py>(py: Python<'py>, v: &[usize]) -> Bound<'py, PyArray1<i64>> {

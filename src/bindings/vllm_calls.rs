@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
 use super::block_tables::{PyBlockTables, SlotArgs};
-use super::convert::{int_arg, opt_bool_arg, type_name, with_scratch};
+use super::convert::{int_arg, opt_bool_arg, type_name, typed_arg, with_scratch};
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::recycled_ids::RecycledIds;
 use crate::pool::SlotCall;
@@ -91,13 +91,19 @@ pub(super) fn request_field<'py>(
 impl PyVllmManagerCalls {
     #[new]
     fn new(
-        tables: Py<PyBlockTables>,
+        tables: &Bound<'_, PyAny>,
         empty_blocks: Py<PyAny>,
         blocks_class: Py<PyAny>,
         block_ids_of: Py<PyAny>,
-        waiting_statuses: Py<PyTuple>,
+        waiting_statuses: &Bound<'_, PyAny>,
         watermark_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
+        let tables = typed_arg::<PyBlockTables>(tables, "tables", "kvpool.BlockTables")?
+            .clone()
+            .unbind();
+        let waiting_statuses = typed_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "tuple")?
+            .clone()
+            .unbind();
         let block_size = tables.get().config.block_size as usize;
         Ok(Self {
             tables,

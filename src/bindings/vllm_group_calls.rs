@@ -10,7 +10,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-use super::convert::{ids_to_numpy, int_arg, opt_bool_arg};
+use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, typed_arg};
 use super::errors::IntoPyResult;
 use super::group_tables::{GroupSlotArgs, PyGroupTables};
 use super::hashing::hash_slice_of;
@@ -71,13 +71,19 @@ impl PyVllmGroupCalls {
 impl PyVllmGroupCalls {
     #[new]
     fn new(
-        tables: Py<PyGroupTables>,
+        tables: &Bound<'_, PyAny>,
         empty_blocks: Py<PyAny>,
         blocks_class: Py<PyAny>,
         group_ids_of: Py<PyAny>,
-        waiting_statuses: Py<PyTuple>,
+        waiting_statuses: &Bound<'_, PyAny>,
         watermark_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
+        let tables = typed_arg::<PyGroupTables>(tables, "tables", "kvpool.GroupTables")?
+            .clone()
+            .unbind();
+        let waiting_statuses = typed_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "tuple")?
+            .clone()
+            .unbind();
         Ok(Self {
             tables,
             empty_blocks,

@@ -7,7 +7,7 @@
 use super::error::{PoolError, PoolResult};
 use std::collections::VecDeque;
 
-use super::events::{EventExtraKey, PoolEvent, StoredBlocks};
+use super::events::{EventExtraKey, PoolEvent, StoredBlocks, TakenEvents};
 use super::eviction::{BlockPriority, Clock, Eviction, EvictionPolicy};
 use super::free_queue::FreeQueue;
 use super::hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
@@ -829,6 +829,26 @@ impl BlockPool {
         }
     }
 
+    /// Takes back events [`take_events`](Self::take_events) returned: a consumed
+    /// batch's buffer is recycled ([`recycle_event_buffer`](Self::recycle_event_buffer));
+    /// refused events are queued again in front of any queued since, in their order,
+    /// the oldest dropped (and counted) beyond [`PoolConfig::max_pending_events`].
+    pub fn return_events(&mut self, taken: TakenEvents) {
+        match taken {
+            TakenEvents::Consumed(buffer) => self.recycle_event_buffer(buffer),
+            TakenEvents::Refused(events) => {
+                let newer = std::mem::replace(&mut self.events, VecDeque::from(events));
+                self.events.extend(newer);
+                let excess = self
+                    .events
+                    .len()
+                    .saturating_sub(self.config.max_pending_events);
+                self.events.drain(..excess);
+                self.dropped_events += excess as u64;
+            }
+        }
+    }
+
     /// Number of queued events.
     pub fn num_pending_events(&self) -> usize {
         self.events.len()
@@ -928,5 +948,37 @@ mod tests {
         // A burst's room is not kept.
         pool.recycle_event_buffer(Vec::with_capacity(RECYCLED_EVENTS_MAX + 1));
         assert!(pool.events.capacity() <= RECYCLED_EVENTS_MAX);
+    }
+
+    #[test]
+    fn refused_events_go_back_in_front_of_newer_ones() {
+        let mut config = PoolConfig::new(8);
+        config.enable_events = true;
+        config.max_pending_events = 3;
+        let mut pool = BlockPool::new(config).unwrap();
+        let removed = |n: u32| PoolEvent::BlockRemoved {
+            block_hash: BlockHash::new(&[n as u8; 32]).unwrap(),
+            group_idx: n,
+        };
+        pool.emit(removed(1));
+        pool.emit(removed(2));
+        let taken = pool.take_events();
+        pool.emit(removed(3));
+        pool.emit(removed(4));
+        pool.return_events(TakenEvents::Refused(taken));
+        // Four events for three places: the oldest goes, and is counted.
+        let ids: Vec<_> = pool
+            .take_events()
+            .into_iter()
+            .map(|e| match e {
+                PoolEvent::BlockRemoved { group_idx, .. } => group_idx,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(ids, vec![2, 3, 4]);
+        assert_eq!(pool.num_dropped_events(), 1);
+        // A consumed batch only lends its room.
+        pool.return_events(TakenEvents::Consumed(Vec::with_capacity(100)));
+        assert_eq!(pool.num_pending_events(), 0);
     }
 }

@@ -43,6 +43,16 @@ pub struct StoredBlocks {
     pub extra_keys: Option<Vec<Option<Vec<EventExtraKey>>>>,
 }
 
+/// What became of events a caller took from a pool's queue.
+#[derive(Debug)]
+pub enum TakenEvents {
+    /// Delivered (encoded, sent, handed on): only the buffer comes back, for its room.
+    Consumed(Vec<PoolEvent>),
+    /// Not delivered (the destination refused them): they go back to the front of the
+    /// queue, ahead of any queued since, as if never taken.
+    Refused(Vec<PoolEvent>),
+}
+
 /// One event of the prefix cache.
 ///
 /// `BlockStored` is boxed so that the queue's slot for each event is small (40 bytes,

@@ -8,7 +8,7 @@ use hashbrown::HashMap;
 
 use super::block_pool::BlockPool;
 use super::error::{PoolError, PoolResult};
-use super::events::PoolEvent;
+use super::events::{PoolEvent, TakenEvents};
 use super::eviction::BlockPriority;
 use super::group_hits::GroupHit;
 use super::group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
@@ -350,9 +350,9 @@ impl GroupManager {
         self.pool.take_events()
     }
 
-    /// See [`BlockPool::recycle_event_buffer`].
-    pub fn recycle_event_buffer(&mut self, buffer: Vec<PoolEvent>) {
-        self.pool.recycle_event_buffer(buffer);
+    /// See [`BlockPool::return_events`].
+    pub fn return_events(&mut self, taken: TakenEvents) {
+        self.pool.return_events(taken);
     }
 
     /// Clears the prefix cache if no block is in use.

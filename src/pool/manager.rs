@@ -14,7 +14,7 @@ use hashbrown::HashMap;
 
 use super::block_pool::{BlockPool, CacheBlocks, PoolConfig};
 use super::error::{PoolError, PoolResult};
-use super::events::{EventExtraKey, PoolEvent};
+use super::events::{EventExtraKey, PoolEvent, TakenEvents};
 use super::eviction::BlockPriority;
 use super::hash_key::HashSlice;
 use super::hashing::HashAlgo;
@@ -680,9 +680,9 @@ impl KVCacheManager {
         self.pool.take_events()
     }
 
-    /// See [`BlockPool::recycle_event_buffer`].
-    pub fn recycle_event_buffer(&mut self, buffer: Vec<PoolEvent>) {
-        self.pool.recycle_event_buffer(buffer);
+    /// See [`BlockPool::return_events`].
+    pub fn return_events(&mut self, taken: TakenEvents) {
+        self.pool.return_events(taken);
     }
 
     /// Clears the prefix cache if no block is in use (and resets the statistics).

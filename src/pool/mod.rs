@@ -50,7 +50,7 @@ pub use block_pool::{
 pub use block_tables::{BlockTables, SlotCall};
 pub use class_lists::{ClassLists, ListEnds, MAX_CLASSES};
 pub use error::{PoolError, PoolResult};
-pub use events::{EventExtraKey, PoolEvent, StoredBlocks};
+pub use events::{EventExtraKey, PoolEvent, StoredBlocks, TakenEvents};
 pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
 pub use eviction::{
     ghost_fingerprint, ghost_slots, ghost_window, BlockPriority, Clock, Eviction, EvictionPolicy,
