@@ -42,6 +42,21 @@ def test_windows_hold_fewer_blocks_and_every_preset_runs() -> None:
             assert r.resident_blocks_per_request < r.full_attention_blocks_per_request
 
 
+def test_a_window_keeps_what_a_partial_last_block_still_reaches() -> None:
+    """A window group drops the blocks out of reach of the prompt's last token, which is the
+    prompt's length, not its blocks' (hand-worked, 4-token blocks, a 4-token window: vLLM
+    skips the first ``length - 4 + 1`` tokens). 12 tokens: window blocks 2 (tokens 9-12) and
+    full 3; 16 tokens: 1 + 4; 10 tokens: tokens 7-10 span blocks 1 and 2, so 2 + 3 (counted as
+    1 + 3 when the last block was taken as full)."""
+    from kvpool.traces import parse_trace
+
+    rows = [(12, [1, 2, 3]), (16, [1, 2, 3, 4]), (10, [1, 2, 5])]
+    trace = parse_trace([json.dumps({"timestamp": 0, "input_length": n, "output_length": 1, "hash_ids": ids})
+                         for n, ids in rows], name="hand")
+    r = simulate_layers(trace, "swa:4,full", 100, block_tokens=4)
+    assert r.resident_blocks_per_request == pytest.approx((4 + 5 + 5) / 3)
+
+
 def test_cli_prints_a_table_and_json(tmp_path: object) -> None:
     from kvpool.traces import synthetic_trace as make
 

@@ -30,16 +30,36 @@ def impl_name(request: pytest.FixtureRequest) -> str:
 
 
 def test_output_blocks() -> None:
-    assert output_blocks(8, 1, 4) == 1  # token 9 starts a third block
-    assert output_blocks(6, 2, 4) == 0  # tokens 7 and 8 fill the prompt's last block
-    assert output_blocks(6, 3, 4) == 1
+    """The last output token takes no slot (the request ends when it is sampled), so a
+    request holds at most ``input + output - 1`` tokens' slots, as in vLLM."""
+    assert output_blocks(8, 1, 4) == 0  # the one output token is the last: no slot
+    assert output_blocks(8, 2, 4) == 1  # token 9's KV is computed to sample token 10
+    assert output_blocks(6, 3, 4) == 0  # tokens 7 and 8 fill the prompt's last block
+    assert output_blocks(6, 4, 4) == 1
     assert output_blocks(0, 0, 4) == 0
+    assert output_blocks(4, 0, 4) == 0
+
+
+def test_a_prompt_that_fills_the_pool_may_sample_one_token(impl_name: str) -> None:
+    """A 4-token prompt with one output token in a 1-block pool: the output token's KV is never
+    computed, so the request fits (it was refused as needing 2 blocks)."""
+    trace = trace_of((0, 4, 1, [1]),)
+    r = simulate_timed(trace, 1, block_tokens=4, service=SLOW, impl=get_impl(impl_name))
+    assert (r.rejected, r.peak_blocks_in_use, r.makespan_s) == (0, 1, 4.0)
+
+
+def test_a_rejected_late_arrival_does_not_stretch_the_makespan(impl_name: str) -> None:
+    """The makespan is when the last request finished: a request arriving at 100 s that can
+    never fit is rejected then, but finishes nothing."""
+    trace = trace_of((0, 4, 1, [1]), (100_000, 12, 0, [2, 3, 4]))
+    r = simulate_timed(trace, 2, block_tokens=4, service=SLOW, impl=get_impl(impl_name))
+    assert (r.rejected, r.makespan_s) == (1, 4.0)
 
 
 def test_overlapping_requests_share_a_prefix_while_running(impl_name: str) -> None:
     """r0 (ids 1, 2) runs from 0 s; r1 (ids 1, 3) arrives at 1 s and hits id 1, which r0 holds:
-    4 uncached tokens, prefill until 5 s. r0's prefill ends at 8 s, its one output token starts
-    a third block, and it finishes then."""
+    4 uncached tokens, prefill until 5 s. r0's prefill ends at 8 s with its one output token,
+    which takes no slot (its KV is never computed), and it finishes then."""
     trace = trace_of((0, 8, 1, [1, 2]), (1000, 8, 0, [1, 3]))
     r = simulate_timed(trace, 3, block_tokens=4, service=SLOW, impl=get_impl(impl_name))
     assert (r.hit_blocks, r.peak_blocks_in_use, r.peak_running) == (1, 3, 2)
@@ -49,15 +69,15 @@ def test_overlapping_requests_share_a_prefix_while_running(impl_name: str) -> No
 
 
 def test_a_short_pool_preempts_the_newest_request(impl_name: str) -> None:
-    """Two 1-block requests fill a 2-block pool; at 4 s r0's output token needs a block, so r1
-    (the newest) is preempted and r0's new block evicts r1's freed one (the only free block); a
-    step that preempts admits nothing (as vLLM's), so r1 is taken back when r0 finishes at 4 s
-    (it never was the head of the queue without room) and reruns its whole 4-token prefill,
-    done at 8 s."""
-    trace = trace_of((0, 4, 1, [1]), (0, 4, 0, [2]))
+    """Two 1-block requests fill a 2-block pool; at 4 s r0's first output token needs a block
+    (its KV is computed to sample the second), so r1 (the newest) is preempted and r0's new
+    block evicts r1's freed one (the only free block); a step that preempts admits nothing (as
+    vLLM's), so r1 is taken back when r0 finishes at 5 s (it never was the head of the queue
+    without room) and reruns its whole 4-token prefill, done at 9 s."""
+    trace = trace_of((0, 4, 2, [1]), (0, 4, 0, [2]))
     r = simulate_timed(trace, 2, block_tokens=4, service=SLOW, impl=get_impl(impl_name))
     assert (r.preemptions, r.preempted_requests, r.waited_for_blocks) == (1, 1, 0)
-    assert (r.peak_blocks_in_use, r.peak_running, r.makespan_s) == (2, 2, 8.0)
+    assert (r.peak_blocks_in_use, r.peak_running, r.makespan_s) == (2, 2, 9.0)
     assert r.hit_blocks == 0  # hits count at the first admission only
 
 

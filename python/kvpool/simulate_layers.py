@@ -118,7 +118,9 @@ def simulate_layers(trace: Trace, layout: str, capacity: int, *, block_tokens: i
                                     num_new_computed_tokens=hit, new_computed_blocks=adopt)
         if new is None:
             raise RuntimeError(f"request {i} does not fit in {usable} blocks")
-        tables.remove_skipped_blocks(rid, n_tokens)
+        # After its prefill a request has computed its prompt, whose last block is partial
+        # unless the prompt fills it: the window groups drop what lies out of reach of that.
+        tables.remove_skipped_blocks(rid, min(n_tokens, trace.input_lengths[i]))
         held = tables.get_blocks(rid)
         resident += sum(int(np.count_nonzero(b)) for b in held)
         full += len(hashes) * len(groups)

@@ -11,10 +11,13 @@ The model (every rate is a flag, defaults in :class:`ServiceModel`):
   (vLLM's waiting queue stops at the first request that does not fit).
 * A request's prefill takes ``max(input_length - hit_tokens, 1) / prefill_tokens_per_s``
   seconds; then it decodes ``output_length`` tokens at ``decode_tokens_per_s`` each (its first
-  token at the end of the prefill). Each output token that starts a new block allocates one
+  token at the end of the prefill). Each output token but the last (whose KV is never
+  computed: the request ends when it is sampled) that starts a new block allocates one
   uncached block then; when none is free, the newest running request is preempted (vLLM's FCFS
   rule; possibly the request itself): its blocks are freed and it goes back to the head of the
-  queue, to restart its prefill and decode when admitted again.
+  queue, to restart its prefill and decode when admitted again. As in vLLM's scheduler, a step
+  that preempts admits nothing: admission is tried again at the next event (an arrival,
+  another request's prefill end, output block or finish).
 * A finished request frees its blocks tail first, so its prompt stays cached, most recently
   used last; a full pool evicts by the pool's eviction policy (default LRU).
 * A request whose prompt and output blocks exceed the capacity can never run: it is counted in
@@ -114,8 +117,11 @@ class _Running:
 
 
 def output_blocks(input_length: int, output_length: int, block_tokens: int) -> int:
-    """Blocks the output adds beyond the prompt's last (partial) block."""
-    return -(-(input_length + output_length) // block_tokens) - -(-input_length // block_tokens)
+    """Blocks the output adds beyond the prompt's last (partial) block. The last output token
+    takes no slot: the request ends when it is sampled, before its KV is computed (vLLM
+    allocates ``input_length + output_length - 1`` slots at most)."""
+    slots = max(input_length + output_length - 1, input_length)
+    return -(-slots // block_tokens) - -(-input_length // block_tokens)
 
 
 def simulate_timed(
@@ -160,7 +166,7 @@ def simulate_timed(
         preempted_requests=len(sim.preempted),
         mean_wait_s=float(waits.mean()) if waits.size else 0.0,
         p99_wait_s=float(np.quantile(waits, 0.99)) if waits.size else 0.0,
-        makespan_s=sim.now,
+        makespan_s=sim.last_finish,
         prefill_tokens_per_s=service.prefill_tokens_per_s,
         decode_tokens_per_s=service.decode_tokens_per_s,
         max_running=service.max_running,
@@ -198,6 +204,7 @@ class _Simulation:
         self.events: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.now = 0.0
+        self.last_finish = 0.0  # when the last request finished (not a later rejected arrival)
         self.rejected = self.preemptions = self.peak_in_use = self.peak_running = 0
         self.blocked: set[int] = set()
         self.preempted: set[int] = set()
@@ -307,6 +314,7 @@ class _Simulation:
         self.preempted_now = True
 
     def _finish(self, i: int) -> None:
+        self.last_finish = self.now
         r = self.running.pop(i)
         self.pool.free_blocks(r.blocks[::-1])
 
