@@ -679,6 +679,7 @@ class BlockTables:
         reserved_blocks: int | None = None,
         watermark_blocks: int | None = None,
         token_ids: _IdsLike | None = None,
+        skip_zeroing_group_ids: _IdsLike | None = None,
     ) -> _BlockIds | None:
         """vLLM's ``allocate_slots`` for request ``request_id`` whose state is
         ``num_computed_tokens``, ``num_tokens`` and ``block_hashes``: the new blocks
@@ -686,6 +687,8 @@ class BlockTables:
         or ``None`` (nothing changed) when they do not fit.
         ``new_computed_blocks=None`` is vLLM's empty sentinel (nothing to adopt). Every
         argument may be given by position, so a hot caller avoids keyword parsing.
+        ``skip_zeroing_group_ids`` holding 0 leaves the connector's blocks out of those
+        recorded for zeroing (an async load writes them).
         """
     def cache_blocks(
         self,
@@ -713,6 +716,11 @@ class BlockTables:
     def pop_blocks(self, request_id: _RequestId) -> _BlockIds:
         """Forgets the request and returns its blocks (int32, allocation order) without
         freeing them; the caller frees them later with ``pool.free_blocks``.
+        """
+    def record_blocks_for_zeroing(self, request_id: _RequestId, start_token: int) -> None:
+        """vLLM's ``record_blocks_for_zeroing``: the request's blocks from token
+        ``start_token`` on (a block boundary) are recorded for zeroing again (blocks a
+        failed async load left unwritten). Nothing when not recording.
         """
     def take_new_block_ids(self) -> _BlockIds:
         """Ids of blocks allocated since the last call (int32; empty unless recording)."""
@@ -968,13 +976,15 @@ class GroupTables:
         token_ids: _IdsLike | None = None,
         num_in_flight_tokens: int | None = None,
         shared_prefix_boundary: int | None = None,
+        skip_zeroing_group_ids: _IdsLike | None = None,
     ) -> tuple[_BlockIds, ...] | None:
         """vLLM's ``allocate_slots`` for a request whose state is ``num_computed_tokens``,
         ``num_tokens``, ``num_prompt_tokens`` and ``block_hashes``: each group's new
         blocks, or ``None`` when they do not fit. ``new_computed_blocks`` is the hit's
         blocks per group (``None``: vLLM's empty sentinel). As in vLLM, blocks that
         fell out of a group's window are given back first, even if the call then
-        returns ``None``.
+        returns ``None``. ``skip_zeroing_group_ids`` lists the groups whose connector
+        blocks are left out of those recorded for zeroing (an async load writes them).
         """
     def cache_blocks(
         self,
@@ -1007,12 +1017,34 @@ class GroupTables:
         """Frees the request's blocks, each group's tail first, and forgets it (unknown:
         no-op).
         """
+    def record_blocks_for_zeroing(self, request_id: _RequestId, start_token: int) -> None:
+        """vLLM's ``record_blocks_for_zeroing``: the request's blocks from token
+        ``start_token`` on, in every group, are recorded for zeroing again (blocks a
+        failed async load left unwritten); ``start_token`` must be at a block boundary
+        of every group. Nothing when not recording.
+        """
     def take_new_block_ids(self) -> _BlockIds:
         """Ids of blocks allocated since the last call, group by group (int32; empty
         unless recording).
         """
     def request_ids(self) -> tuple[_RequestId, ...]:
         """Requests with a table, sorted."""
+    def num_blocks_to_allocate(
+        self,
+        request_id: _RequestId,
+        num_tokens: int,
+        total_computed_tokens: int,
+        *,
+        new_computed_blocks: Sequence[_IdsLike] | None = None,
+        apply_admission_cap: bool | None = None,
+    ) -> int:
+        """vLLM's coordinator ``get_num_blocks_to_allocate``: the blocks the request needs
+        in all groups together for ``num_tokens`` tokens after
+        ``total_computed_tokens`` computed ones, with ``new_computed_blocks`` (one id
+        sequence per group) the prefix hit it would add (hit blocks in the free queue
+        count); ``apply_admission_cap=True`` caps each window group at what it holds at
+        a time, as the full-sequence admission gate does. Changes nothing.
+        """
     def group_num_blocks_to_allocate(
         self,
         request_id: _RequestId,

@@ -9,8 +9,8 @@ use pyo3::types::PyTuple;
 
 use super::block_pool::{pool_arg, PyBlockPool};
 use super::convert::{
-    extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
-    sync_known_hashes, with_scratch,
+    extract_block_ids, extract_hashes_after, group_index_list, ids_to_numpy, int_arg, opt_bool_arg,
+    opt_int_arg, sync_known_hashes, with_scratch,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
@@ -55,6 +55,8 @@ pub(super) struct SlotArgs<'a, 'py> {
     pub reserved_blocks: Option<&'a Bound<'py, PyAny>>,
     pub watermark_blocks: Option<&'a Bound<'py, PyAny>>,
     pub token_ids: Option<&'a Bound<'py, PyAny>>,
+    /// vLLM's `skip_zeroing_group_ids` (group 0 is the tables' one group).
+    pub skip_zeroing_group_ids: Option<&'a Bound<'py, PyAny>>,
 }
 
 impl PyBlockTables {
@@ -81,6 +83,7 @@ impl PyBlockTables {
             reserved_blocks,
             watermark_blocks,
             token_ids,
+            skip_zeroing_group_ids,
         } = *args;
         let id = super::requests::request_key(request_id)?;
         let count = |o: Option<&Bound<'py, PyAny>>, what: &str| -> PyResult<usize> {
@@ -129,6 +132,11 @@ impl PyBlockTables {
             reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
             watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
             token_ids,
+            skip_zeroing_external: group_index_list(
+                skip_zeroing_group_ids,
+                "skip_zeroing_group_ids",
+            )?
+            .contains(&0),
         };
         self.with_tables_and_pool(py, |t, p| t.allocate_slots(p, id, &call, out))
             .py_err(py)
@@ -200,7 +208,9 @@ impl PyBlockTables {
     /// or ``None`` (nothing changed) when they do not fit.
     /// ``new_computed_blocks=None`` is vLLM's empty sentinel (nothing to adopt). Every
     /// argument may be given by position, so a hot caller avoids keyword parsing.
-    #[pyo3(signature = (request_id, num_computed_tokens, num_tokens, block_hashes, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None, num_external_computed_tokens=None, delay_cache_blocks=None, full_sequence_must_fit=None, reserved_blocks=None, watermark_blocks=None, token_ids=None))]
+    /// ``skip_zeroing_group_ids`` holding 0 leaves the connector's blocks out of those
+    /// recorded for zeroing (an async load writes them).
+    #[pyo3(signature = (request_id, num_computed_tokens, num_tokens, block_hashes, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None, num_external_computed_tokens=None, delay_cache_blocks=None, full_sequence_must_fit=None, reserved_blocks=None, watermark_blocks=None, token_ids=None, skip_zeroing_group_ids=None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots<'py>(
         &self,
@@ -219,6 +229,7 @@ impl PyBlockTables {
         reserved_blocks: Option<&Bound<'py, PyAny>>,
         watermark_blocks: Option<&Bound<'py, PyAny>>,
         token_ids: Option<&Bound<'py, PyAny>>,
+        skip_zeroing_group_ids: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
         let args = SlotArgs {
             request_id,
@@ -235,6 +246,7 @@ impl PyBlockTables {
             reserved_blocks,
             watermark_blocks,
             token_ids,
+            skip_zeroing_group_ids,
         };
         with_scratch(|out| {
             let ok = self.allocate_into(py, &args, out)?;
@@ -341,6 +353,22 @@ impl PyBlockTables {
         let id = super::requests::request_key(request_id)?;
         let blocks = self.with_tables(py, |t| t.pop_blocks(id));
         Ok(ids_to_numpy(py, &blocks))
+    }
+
+    /// vLLM's ``record_blocks_for_zeroing``: the request's blocks from token
+    /// ``start_token`` on (a block boundary) are recorded for zeroing again (blocks a
+    /// failed async load left unwritten). Nothing when not recording.
+    fn record_blocks_for_zeroing(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        start_token: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_key(request_id)?;
+        let start = int_arg(start_token, "start_token", 0, i64::MAX)? as usize;
+        let block_size = self.config.block_size as usize;
+        self.with_tables(py, |t| t.record_blocks_for_zeroing(id, start, block_size))
+            .py_err(py)
     }
 
     /// Ids of blocks allocated since the last call (int32; empty unless recording).

@@ -234,6 +234,26 @@ pub fn typed_arg<'a, 'py, T: PyTypeCheck>(
     })
 }
 
+/// vLLM's `skip_zeroing_group_ids`: group indices (ints >= 0), empty for `None`.
+pub fn group_index_list(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<usize>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Vec::new());
+    };
+    let mut ids = Vec::new();
+    extract_i64s(obj, what, &mut ids)?;
+    ids.into_iter()
+        .map(|g| {
+            usize::try_from(g).map_err(|_| {
+                error(
+                    obj.py(),
+                    ErrorKind::InvalidArgument,
+                    format!("{what} must hold group indices >= 0, got {g}"),
+                )
+            })
+        })
+        .collect()
+}
+
 /// `arr` cast to `dtype` by `numpy.ndarray.astype` itself, as a plain ndarray: a
 /// subclass's own `astype` is not called (one that returned its input would make the
 /// conversions that recurse on the cast never end).

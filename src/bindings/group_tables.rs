@@ -10,8 +10,8 @@ use pyo3::types::{PyString, PyTuple};
 
 use super::block_pool::{pool_arg, PyBlockPool};
 use super::convert::{
-    extract_block_ids, extract_hashes_after, ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg,
-    sync_known_hashes, type_name, utf8_str,
+    extract_block_ids, extract_hashes_after, group_index_list, ids_to_numpy, int_arg, opt_bool_arg,
+    opt_int_arg, sync_known_hashes, type_name, utf8_str,
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::hashing::hash_slice_of;
@@ -67,6 +67,8 @@ pub(super) struct GroupSlotArgs<'a, 'py> {
     pub reserved_blocks: Option<&'a Bound<'py, PyAny>>,
     pub watermark_blocks: Option<&'a Bound<'py, PyAny>>,
     pub token_ids: Option<&'a Bound<'py, PyAny>>,
+    /// vLLM's `skip_zeroing_group_ids`: groups whose connector blocks are not zeroed.
+    pub skip_zeroing_group_ids: Option<&'a Bound<'py, PyAny>>,
     pub num_in_flight_tokens: Option<&'a Bound<'py, PyAny>>,
     pub shared_prefix_boundary: Option<&'a Bound<'py, PyAny>>,
 }
@@ -260,6 +262,7 @@ impl PyGroupTables {
             reserved_blocks,
             watermark_blocks,
             token_ids,
+            skip_zeroing_group_ids,
             num_in_flight_tokens,
             shared_prefix_boundary,
         } = *args;
@@ -281,6 +284,7 @@ impl PyGroupTables {
         };
         let mut tokens = Vec::new();
         let has_tokens = self.token_ids(token_ids, &mut tokens)?;
+        let skip_zeroing = group_index_list(skip_zeroing_group_ids, "skip_zeroing_group_ids")?;
         let call = GroupSlotCall {
             num_computed_tokens: required(num_computed_tokens, "num_computed_tokens")?,
             num_tokens: required(num_tokens, "num_tokens")?,
@@ -309,6 +313,7 @@ impl PyGroupTables {
             reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
             watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
             token_ids: has_tokens.then_some(&tokens[..]),
+            skip_zeroing_groups: &skip_zeroing,
             ..GroupSlotCall::new(0, 0, pool::HashSlice::empty(), 0)
         };
         self.with_tables_and_pool(py, |t, p| t.allocate_slots(p, id, &call, out, offsets))
@@ -444,8 +449,9 @@ impl PyGroupTables {
     /// blocks, or ``None`` when they do not fit. ``new_computed_blocks`` is the hit's
     /// blocks per group (``None``: vLLM's empty sentinel). As in vLLM, blocks that
     /// fell out of a group's window are given back first, even if the call then
-    /// returns ``None``.
-    #[pyo3(signature = (request_id, num_computed_tokens, num_tokens, num_prompt_tokens, block_hashes, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None, num_external_computed_tokens=None, delay_cache_blocks=None, full_sequence_must_fit=None, reserved_blocks=None, watermark_blocks=None, token_ids=None, num_in_flight_tokens=None, shared_prefix_boundary=None))]
+    /// returns ``None``. ``skip_zeroing_group_ids`` lists the groups whose connector
+    /// blocks are left out of those recorded for zeroing (an async load writes them).
+    #[pyo3(signature = (request_id, num_computed_tokens, num_tokens, num_prompt_tokens, block_hashes, num_new_tokens, num_new_computed_tokens=None, new_computed_blocks=None, num_lookahead_tokens=None, num_external_computed_tokens=None, delay_cache_blocks=None, full_sequence_must_fit=None, reserved_blocks=None, watermark_blocks=None, token_ids=None, num_in_flight_tokens=None, shared_prefix_boundary=None, skip_zeroing_group_ids=None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots<'py>(
         &self,
@@ -467,6 +473,7 @@ impl PyGroupTables {
         token_ids: Option<&Bound<'py, PyAny>>,
         num_in_flight_tokens: Option<&Bound<'py, PyAny>>,
         shared_prefix_boundary: Option<&Bound<'py, PyAny>>,
+        skip_zeroing_group_ids: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let args = GroupSlotArgs {
             request_id,
@@ -484,6 +491,7 @@ impl PyGroupTables {
             reserved_blocks,
             watermark_blocks,
             token_ids,
+            skip_zeroing_group_ids,
             num_in_flight_tokens,
             shared_prefix_boundary,
         };
@@ -599,6 +607,22 @@ impl PyGroupTables {
             .py_err(py)
     }
 
+    /// vLLM's ``record_blocks_for_zeroing``: the request's blocks from token
+    /// ``start_token`` on, in every group, are recorded for zeroing again (blocks a
+    /// failed async load left unwritten); ``start_token`` must be at a block boundary
+    /// of every group. Nothing when not recording.
+    fn record_blocks_for_zeroing(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        start_token: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_key(request_id)?;
+        let start = count_arg(start_token, "start_token")?;
+        self.with_tables(py, |t| t.record_blocks_for_zeroing(id, start))
+            .py_err(py)
+    }
+
     /// Ids of blocks allocated since the last call, group by group (int32; empty
     /// unless recording).
     fn take_new_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
@@ -616,6 +640,43 @@ impl PyGroupTables {
             .map(|id| request_id_to_py(py, id))
             .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(py, items)
+    }
+
+    /// vLLM's coordinator ``get_num_blocks_to_allocate``: the blocks the request needs
+    /// in all groups together for ``num_tokens`` tokens after
+    /// ``total_computed_tokens`` computed ones, with ``new_computed_blocks`` (one id
+    /// sequence per group) the prefix hit it would add (hit blocks in the free queue
+    /// count); ``apply_admission_cap=True`` caps each window group at what it holds at
+    /// a time, as the full-sequence admission gate does. Changes nothing.
+    #[pyo3(signature = (request_id, num_tokens, total_computed_tokens, *, new_computed_blocks=None, apply_admission_cap=None))]
+    fn num_blocks_to_allocate(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+        total_computed_tokens: &Bound<'_, PyAny>,
+        new_computed_blocks: Option<&Bound<'_, PyAny>>,
+        apply_admission_cap: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let id = super::requests::request_key(request_id)?;
+        let num_tokens = count_arg(num_tokens, "num_tokens")?;
+        let total = count_arg(total_computed_tokens, "total_computed_tokens")?;
+        let (mut flat, mut offsets) = (Vec::new(), Vec::new());
+        let hits = match new_computed_blocks.filter(|o| !o.is_none()) {
+            Some(o) => {
+                group_ids(o, self.config.num_blocks, &mut flat, &mut offsets)?;
+                Some(GroupBlocks {
+                    flat: &flat,
+                    offsets: &offsets,
+                })
+            }
+            None => None,
+        };
+        let apply_cap = opt_bool_arg(apply_admission_cap, "apply_admission_cap", false)?;
+        self.with_tables_and_pool(py, |t, p| {
+            t.num_blocks_to_allocate(p, id, num_tokens, hits, total, apply_cap)
+        })
+        .py_err(py)
     }
 
     /// vLLM's ``get_num_blocks_to_allocate`` of one group's manager: the blocks the

@@ -138,7 +138,7 @@ impl PyVllmManagerCalls {
         has_scheduled_reqs: Option<&Bound<'py, PyAny>>,
         skip_zeroing_group_ids: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = (num_encoder_tokens, skip_zeroing_group_ids); // no encoder or async loads here
+        let _ = num_encoder_tokens; // no encoder (cross-attention) groups here
         let tables = self.tables.bind(py);
         let empty = self.empty_blocks.bind(py);
         let hits = match new_computed_blocks {
@@ -188,6 +188,7 @@ impl PyVllmManagerCalls {
                 reserved_blocks,
                 watermark_blocks: watermark.as_ref(),
                 token_ids: None,
+                skip_zeroing_group_ids,
             };
             let ok = t.allocate_into(py, &args, out)?;
             // No array at all on the common decode step that needs no new block.

@@ -117,7 +117,7 @@ impl PyVllmGroupCalls {
         has_scheduled_reqs: Option<&Bound<'py, PyAny>>,
         skip_zeroing_group_ids: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = (num_encoder_tokens, skip_zeroing_group_ids); // no encoder or async loads here
+        let _ = num_encoder_tokens; // no encoder (cross-attention) groups here
         let empty = self.empty_blocks.bind(py);
         // vLLM adopts whatever is not its empty sentinel, even all-empty groups.
         let hits = match new_computed_blocks {
@@ -182,6 +182,7 @@ impl PyVllmGroupCalls {
             reserved_blocks,
             watermark_blocks: watermark.as_ref(),
             token_ids: token_ids.as_ref(),
+            skip_zeroing_group_ids,
             num_in_flight_tokens: Some(&field(pyo3::intern!(py, "num_in_flight_tokens"))?),
             shared_prefix_boundary: boundary.as_ref(),
         };

@@ -70,6 +70,10 @@ pub struct SlotCall<'a> {
     pub watermark_blocks: usize,
     /// The request's token ids, for `BlockStored` events.
     pub token_ids: Option<&'a [i64]>,
+    /// Leave the connector's blocks (for `num_external_computed_tokens`) out of the
+    /// blocks recorded for zeroing: an async load writes them after this step, which
+    /// zeroing would race (vLLM's `skip_zeroing_group_ids` holding the group).
+    pub skip_zeroing_external: bool,
 }
 
 impl<'a> SlotCall<'a> {
@@ -101,6 +105,7 @@ impl<'a> SlotCall<'a> {
             reserved_blocks: 0,
             watermark_blocks: 0,
             token_ids: None,
+            skip_zeroing_external: false,
         }
     }
 }
@@ -337,6 +342,11 @@ impl BlockTables {
                 .saturating_sub(table.blocks.len());
             pool.get_new_blocks(want, &mut table.blocks)?;
         }
+        let first_new = if call.skip_zeroing_external {
+            table.blocks.len()
+        } else {
+            first_new
+        };
         let want = need_slots
             .div_ceil(block_size)
             .saturating_sub(table.blocks.len());
@@ -456,6 +466,30 @@ impl BlockTables {
         // A refused free changed nothing in the pool; keep the table as it was too.
         pool.free_blocks_reversed(&table.blocks)
             .inspect_err(|_| drop(self.tables.insert(RequestId::from(&id), table)))
+    }
+
+    /// vLLM's `record_blocks_for_zeroing`: request `id`'s blocks from token
+    /// `start_token` on (a block boundary) are recorded for zeroing again, as blocks a
+    /// failed async load left unwritten are. Nothing when not recording or for an
+    /// unknown request.
+    pub fn record_blocks_for_zeroing(
+        &mut self,
+        id: RequestKey<'_>,
+        start_token: usize,
+        block_size: usize,
+    ) -> PoolResult<()> {
+        let Some(ids) = &mut self.new_block_ids else {
+            return Ok(());
+        };
+        if start_token % block_size != 0 {
+            return Err(PoolError::InvalidArgument(format!(
+                "start_token {start_token} is not at a block boundary (block size {block_size})"
+            )));
+        }
+        if let Some(table) = self.tables.get(&id) {
+            ids.extend(table.blocks.iter().skip(start_token / block_size));
+        }
+        Ok(())
     }
 
     /// Ids of blocks allocated since the last call (empty unless recording).

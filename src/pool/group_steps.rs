@@ -14,7 +14,7 @@ use hashbrown::HashMap;
 use super::block_pool::BlockPool;
 use super::error::{PoolError, PoolResult};
 use super::eviction::BlockPriority;
-use super::group_tables::{GroupTables, Table};
+use super::group_tables::{GroupBlocks, GroupTables, Table};
 use super::kv_groups::GroupSpec;
 use super::request_id::RequestKey;
 
@@ -174,6 +174,40 @@ impl GroupTables {
             check_hit_boundary(&spec, num_local)?;
         }
         Ok(self.group_blocks_to_allocate(pool, table, g, num_tokens, hits, total_computed, cap))
+    }
+
+    /// vLLM's coordinator-level `get_num_blocks_to_allocate`: the blocks request `id`
+    /// needs in all groups together for `num_tokens` tokens after `total_computed`
+    /// computed ones, taking the prefix hit `hits` (one list per group; hit blocks in
+    /// the free queue count), each window group capped at what it holds at a time
+    /// when `apply_cap` (vLLM's full-sequence admission gate: the scheduler sizes the
+    /// blocks that prefills in flight still need with it). Changes nothing.
+    pub fn num_blocks_to_allocate(
+        &self,
+        pool: &BlockPool,
+        id: RequestKey<'_>,
+        num_tokens: usize,
+        hits: Option<GroupBlocks<'_>>,
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> PoolResult<usize> {
+        let table = self.tables.get(&id);
+        if let Some(hits) = hits.filter(|h| !h.no_blocks()) {
+            if hits.len() != self.layout.len() {
+                return Err(PoolError::InvalidArgument(format!(
+                    "new_computed_blocks has {} groups for {} groups",
+                    hits.len(),
+                    self.layout.len()
+                )));
+            }
+            pool.check_ids(hits.flat)?;
+            if table.is_some_and(|t| t.num_cached.iter().any(Option::is_some)) {
+                return Err(PoolError::InvalidArgument(
+                    "a running request takes no new computed blocks".into(),
+                ));
+            }
+        }
+        Ok(self.blocks_to_allocate(pool, table, num_tokens, hits, total_computed, apply_cap))
     }
 
     /// vLLM's per-type `add_local_computed_blocks`: request `id`'s group-`g`

@@ -117,6 +117,10 @@ pub struct GroupSlotCall<'a> {
     /// The retention priority of the blocks the request caches or hits (hits are only
     /// raised); `None`: the default.
     pub priority: Option<BlockPriority>,
+    /// Groups (by index) whose connector blocks (for `num_external_computed_tokens`)
+    /// are left out of the blocks recorded for zeroing: an async load writes them
+    /// after this step, which zeroing would race (vLLM's `skip_zeroing_group_ids`).
+    pub skip_zeroing_groups: &'a [usize],
 }
 
 /// No LoRA.
@@ -155,6 +159,7 @@ impl<'a> GroupSlotCall<'a> {
             lora: &NO_LORA,
             extras: None,
             priority: None,
+            skip_zeroing_groups: &[],
         }
     }
 }
@@ -374,7 +379,7 @@ impl GroupTables {
 
     /// The sum of [`Self::group_blocks_to_allocate`] over the groups.
     #[allow(clippy::too_many_arguments)]
-    fn blocks_to_allocate(
+    pub(super) fn blocks_to_allocate(
         &self,
         pool: &BlockPool,
         table: Option<&Table>,
@@ -564,6 +569,9 @@ impl GroupTables {
             if ext > 0 {
                 for (g, spec) in specs.iter().enumerate() {
                     allocate_external(pool, spec, &mut table.blocks[g], num_local, ext)?;
+                    if call.skip_zeroing_groups.contains(&g) {
+                        first_new[g] = table.blocks[g].len();
+                    }
                 }
             }
         }
@@ -862,6 +870,34 @@ impl GroupTables {
         }
         pool.free_blocks_many(&flat, &offsets, true)
             .inspect_err(|_| drop(self.tables.insert(RequestId::from(&id), table)))
+    }
+
+    /// vLLM's `record_blocks_for_zeroing`: request `id`'s blocks from token
+    /// `start_token` on, in every group, are recorded for zeroing again, as blocks a
+    /// failed async load left unwritten are. `start_token` must be at a block
+    /// boundary of every group (nothing is recorded otherwise). Nothing when not
+    /// recording or for an unknown request.
+    pub fn record_blocks_for_zeroing(
+        &mut self,
+        id: RequestKey<'_>,
+        start_token: usize,
+    ) -> PoolResult<()> {
+        let Some(ids) = &mut self.new_block_ids else {
+            return Ok(());
+        };
+        let specs = self.layout.specs();
+        if let Some(spec) = specs.iter().find(|s| start_token % s.block_size != 0) {
+            return Err(PoolError::InvalidArgument(format!(
+                "start_token {start_token} is not at a block boundary (block size {})",
+                spec.block_size
+            )));
+        }
+        if let Some(table) = self.tables.get(&id) {
+            for (g, spec) in specs.iter().enumerate() {
+                ids[g].extend(table.blocks[g].iter().skip(start_token / spec.block_size));
+            }
+        }
+        Ok(())
     }
 
     /// The ids of blocks allocated since the last call, group by group (empty

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import trim_null_head
 from vllm.v1.core.kv_cache_coordinator import _validate_prefix_cache_retention_interval as _validate_retention
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -261,6 +262,19 @@ class GroupsCoordinatorView:
                               num_prompt_tokens: int | None = None) -> None:
         self._manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Any,
+                                   num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
+                                   num_local_computed_tokens: int = 0, num_tokens_main_model: int = 0,
+                                   apply_admission_cap: bool = False, prefill_end: int = 0) -> int:
+        """The blocks the request needs in all groups for ``num_tokens`` tokens after taking the
+        hit ``new_computed_blocks`` (one list per group), each window group capped at what it
+        holds at a time with ``apply_admission_cap`` (the scheduler sizes in-flight prefills'
+        reservations so)."""
+        hits = [block_ids_of(g) for g in new_computed_blocks] if any(new_computed_blocks) else None
+        return self._manager._tables.num_blocks_to_allocate(
+            request_id, num_tokens, total_computed_tokens, new_computed_blocks=hits,
+            apply_admission_cap=apply_admission_cap)
+
 
 class HybridKVCacheCoordinator(GroupsCoordinatorView):
     """Several groups, prefix caching on."""
@@ -277,6 +291,8 @@ class KVCacheCoordinatorNoPrefixCache(GroupsCoordinatorView):
 class HybridKVCacheManager(ManagerCommon):
     """vLLM 0.33's ``KVCacheManager`` for full-attention, sliding-window and chunked-local
     groups, on ``kvpool.GroupTables`` (built by ``kvpool.vllm.KVCacheManager``)."""
+
+    _tables: kvpool.GroupTables
 
     def __init__(
         self,
@@ -530,7 +546,13 @@ class HybridKVCacheManager(ManagerCommon):
         return self._tables.take_new_block_ids().tolist()  # type: ignore[no-any-return]
 
     def pop_blocks_for_free(self, request: Request) -> list[Any]:
-        raise NotImplementedError("kvpool.vllm does not cover deferred frees with several KV-cache groups")
+        """Forget the request and return its blocks, group after group, each past its leading
+        null blocks, without freeing them (vLLM's coordinator order)."""
+        groups = self._tables.pop_tables(request.request_id)
+        blocks: list[Any] = []
+        for ids in groups or ():
+            blocks.extend(trim_null_head(BlockList(self._pool, ids)))
+        return blocks
 
     def new_step_starts(self) -> None:
         """Nothing to do per step."""

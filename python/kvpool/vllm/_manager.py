@@ -92,6 +92,7 @@ class ManagerCommon:
     statistics, the event drain and the calls whose answer does not depend on the groups."""
 
     _pool: kvpool.BlockPool
+    _tables: kvpool.BlockTables | kvpool.GroupTables
     _events: list[Any]
     log_stats: bool
     enable_caching: bool
@@ -148,7 +149,10 @@ class ManagerCommon:
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        raise NotImplementedError("kvpool.vllm does not cover async KV loads")
+        """Record the request's blocks from ``start_token`` on (a block boundary) for zeroing
+        again, as blocks a failed async KV load left unwritten; nothing unless the cache needs
+        zeroing."""
+        self._tables.record_blocks_for_zeroing(request_id, start_token)
 
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[Any]]:
         return [], []
@@ -166,6 +170,8 @@ class KVCacheManager(ManagerCommon):
 
     Building it for a configuration kvpool does not cover returns vLLM's own manager.
     """
+
+    _tables: kvpool.BlockTables
 
     def __new__(cls, kv_cache_config: KVCacheConfig, max_model_len: int, scheduler_block_size: int,
                 hash_block_size: int, *args: Any, **kwargs: Any) -> Any:
