@@ -322,6 +322,24 @@ def test_cache_full_blocks_error_precedence(Pool):
                   InvalidArgumentError, ValueError)
 
 
+def test_a_malformed_hash_list_is_refused_as_it_is_read(Pool):
+    """A hash list that is not of one width of 1 to 32 bytes is refused when it is read, with the
+    argument types, before the counts and ids are checked; hashes of another width than the
+    pool's are refused after them (the pool's width is state, not form)."""
+    for call in (lambda p: p.cache_full_blocks([1, 9], [b"\x01" * 8, b"\x02" * 9], 0, 2),
+                 lambda p: p.cache_full_blocks([9], [b"\x01" * 33], 0, 1),
+                 lambda p: p.cache_full_blocks([1], [b"a", b"bb"], 0, 5),
+                 lambda p: p.cache_full_blocks([1], [b""], 1, 0)):
+        check_refused(Pool, call, HashWidthError, ValueError)
+    check_refused(Pool, lambda p: p.cache_full_blocks([1], [b"\x01" * 8], "x", 1), DtypeError, TypeError)
+
+
+def test_free_blocks_many_checks_offsets_before_ids(Pool):
+    for ids, offsets in (([N + 1], [0, 2]), ([N + 1, N + 1], [0, 2, 1, 2])):
+        check_refused(Pool, lambda p: p.free_blocks_many(ids, offsets), InvalidArgumentError, ValueError)
+    check_refused(Pool, lambda p: p.free_blocks_many([N + 1], [0, 1]), InvalidBlockIdError, ValueError)
+
+
 def test_mixed_widths_in_first_call(Pool):
     def call(p):
         a = p.get_new_blocks(2)

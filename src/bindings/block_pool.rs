@@ -307,7 +307,8 @@ impl PyBlockPool {
         let mut cuts = vec![0usize];
         match offsets {
             Some(offsets) if !offsets.is_none() => {
-                extract_block_ids(blocks, self.config.num_blocks, &mut flat)?;
+                // Ranges are checked by the core, after the offsets (the reference's order).
+                extract_block_ids(blocks, u32::MAX, &mut flat)?;
                 let mut raw = Vec::new();
                 extract_i64s(offsets, "offsets", &mut raw)?;
                 cuts = raw

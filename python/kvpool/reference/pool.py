@@ -272,13 +272,19 @@ class BlockPool:
         self._check_ids_in_range([block_id])
         return block_id
 
-    def _check_hash_widths(self, hashes: Sequence[bytes]) -> None:
-        """Each hash is 1..=32 bytes, all of one width and, once the pool's width is fixed, of that."""
+    @staticmethod
+    def _check_hash_form(hashes: Sequence[bytes]) -> None:
+        """Each hash is 1..=32 bytes, all of one width (checked as the list is read)."""
         if hashes and any(len(h) != len(hashes[0]) for h in hashes):
             raise HashWidthError("block hashes of different widths in one call")
         for h in hashes:
             if not 1 <= len(h) <= MAX_HASH_WIDTH:
                 raise HashWidthError(f"a block hash must have 1 to {MAX_HASH_WIDTH} bytes, got {len(h)}")
+
+    def _check_hash_widths(self, hashes: Sequence[bytes]) -> None:
+        """:meth:`_check_hash_form`, and once the pool's width is fixed, of that width."""
+        self._check_hash_form(hashes)
+        for h in hashes:
             if self._hash_width is not None and len(h) != self._hash_width:
                 raise HashWidthError(f"the pool's hashes are {self._hash_width} bytes, got {len(h)}")
 
@@ -491,23 +497,29 @@ class BlockPool:
         key ``(block_hashes[i], group_id)`` and are appended under it in the prefix map; one
         ``BlockStored`` event covers the call. ``num_cached_blocks == num_full_blocks`` is a
         no-op. Raises, before any change and in this order: ``CachingDisabledError``;
-        ``DtypeError`` for wrong argument types; ``InvalidArgumentError`` unless
+        ``DtypeError`` for wrong argument types, and ``HashWidthError`` for a hash list that
+        is not of one width of 1 to 32 bytes (both as the arguments are read, in the order
+        ``lora_name``, the counts, ``group_id``, ``lora_id``, ``block_ids``, ``block_hashes``,
+        ``token_ids``, ``priority``); ``InvalidArgumentError`` unless
         ``0 <= num_cached <= num_full <= len(block_ids), len(block_hashes)`` and
-        ``0 <= group_id < 2**32``; ``InvalidBlockIdError``; ``HashWidthError`` (every hash given
-        is checked; the first successful call fixes the pool's width); ``InvalidArgumentError``
+        ``0 <= group_id < 2**32``; ``InvalidBlockIdError``; ``HashWidthError`` for hashes of
+        another width than the pool's (the first successful call fixes it); ``InvalidArgumentError``
         if ``token_ids`` is shorter than ``num_full * block_size``; ``BlockStateError`` if a new
         block is free, already cached, or listed twice among the new blocks.
         """
         if not self._enable_caching:
             raise CachingDisabledError("cache_full_blocks called on a pool with enable_caching=False")
-        ids = as_int_list(block_ids, "block_ids")
-        hashes = as_hash_list(block_hashes, "block_hashes")
+        # The arguments are read in the binding's order; a hash list's form (each hash 1 to
+        # 32 bytes, all of one width) is checked as it is read.
+        name = as_opt_str_arg(lora_name, "lora_name")
         num_cached = as_int_arg(num_cached_blocks, "num_cached_blocks")
         num_full = as_int_arg(num_full_blocks, "num_full_blocks")
         group = as_int_arg(group_id, "group_id")
-        tokens = None if token_ids is None else as_int_list(token_ids, "token_ids")
         lora = as_opt_int_arg(lora_id, "lora_id")
-        name = as_opt_str_arg(lora_name, "lora_name")
+        ids = as_int_list(block_ids, "block_ids")
+        hashes = as_hash_list(block_hashes, "block_hashes")
+        self._check_hash_form(hashes)
+        tokens = None if token_ids is None else as_int_list(token_ids, "token_ids")
         wanted = _as_priority(priority, retention_s)
 
         if not 0 <= num_cached <= num_full:
@@ -521,12 +533,6 @@ class BlockPool:
         check_range(group, "group_id", 0, MAX_GROUP_ID)
         self._check_ids_in_range(ids)
         self._check_hash_widths(hashes)
-        if self._hash_width is None and hashes:
-            # Not fixed yet: within this call every hash must match the first one.
-            width = len(hashes[0])
-            for h in hashes:
-                if len(h) != width:
-                    raise HashWidthError(f"mixed hash widths in one call: {width} and {len(h)} bytes")
         if tokens is not None and len(tokens) < num_full * self._block_size:
             raise InvalidArgumentError(
                 f"token_ids has {len(tokens)} tokens, {num_full} full blocks need {num_full * self._block_size}"
