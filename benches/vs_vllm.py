@@ -24,9 +24,13 @@ Workloads (``--only`` takes their names):
   ``h.to_bytes(32, "big")``.
 * ``manager``: 100 requests of 700 prompt tokens + 1 decoded, caching off: vLLM's manager
   (allocate_slots for each prefill, one decode token each, free) against kvpool's manager with
-  ``add_request`` counted: the prompt as a list (whose items kvpool type-checks), one call per
-  request and with ``schedule_step``, and as an int64 array (only measured).
-* ``hash``: 32 prompts of 1,200 tokens (75 blocks) from lists, every hash algorithm.
+  ``add_request`` counted: the prompt as a list (copied as it is read; with caching off kvpool
+  neither hashes nor type-checks its items), one call per request and with ``schedule_step``,
+  and as an int64 array (only measured).
+* ``hash``: 32 prompts of 1,200 tokens (75 blocks) from lists, every hash algorithm: kvpool
+  returning vLLM's output, a list of ``bytes`` (``hash_blocks_from``, checked equal to vLLM's
+  hashes), and keeping the hashes in Rust (``hash_tokens``'s ``BlockHashList``, what kvpool's
+  own manager uses).
 
 The short workloads (alloc, manager, hash) time 10 passes back to back per run, each on fresh
 state, after one untimed pass, so that they measure steady state rather than the caches
@@ -211,11 +215,32 @@ def churn_keys(shape: str, n: int) -> tuple[list[Any], list[Any]]:
     return keys, keys
 
 
+def check_churn_alike(v: Any, shape: str, pool_blocks: int = 2_001, batch: int = 64) -> None:
+    """The churn on a small pool, untimed: both pools hand out the same blocks in the same
+    order, every batch, and end with the same free and cached counts."""
+    cycle = (pool_blocks - 1) // batch
+    vkeys, kkeys = churn_keys(shape, 3 * cycle * batch)
+    vpool = v.BlockPool(pool_blocks, enable_caching=True, hash_block_size=16)
+    kpool = kvpool.BlockPool(pool_blocks, enable_caching=True, block_size=16)
+    for vk, kk in zip(vkeys, kkeys):
+        vblocks = vpool.get_new_blocks(batch)
+        kblocks = kpool.get_new_blocks(batch)
+        if [b.block_id for b in vblocks] != kblocks.tolist():
+            raise SystemExit(f"churn, {shape} keys: kvpool handed out other blocks than vLLM")
+        vpool.cache_full_blocks(v.peer.hashes_only(vk), vblocks, 0, batch, 16, 0)
+        kpool.cache_full_blocks(kblocks, kk, 0, batch)
+        vpool.free_blocks(reversed(vblocks))
+        kpool.free_blocks(kblocks, reverse=True)
+    if vpool.get_num_free_blocks() != kpool.get_num_free_blocks():
+        raise SystemExit(f"churn, {shape} keys: the free counts differ")
+
+
 def race_churn(v: Any, race: Race, shapes: tuple[str, ...] = KEY_SHAPES) -> None:
     pool_blocks, batch, block_size = 100_000, 64, 16
     cycle = (pool_blocks - 1) // batch
     n = cycle * batch
     for shape in shapes:
+        check_churn_alike(v, shape)
         vkeys, kkeys = churn_keys(shape, 2 * n)
         vreqs = [v.peer.hashes_only(k) for k in vkeys]
 
@@ -363,18 +388,29 @@ def race_hash(v: Any, race: Race) -> None:
         v.utils.init_none_hash(hash_fn)
         vhasher = v.utils.get_request_block_hasher(block_size, hash_fn)
         khasher = kvpool.BlockHasher(block_size, hash_algo=algo)
+        none_hash = bytes(v.utils.NONE_HASH)
 
         def vrun(reqs: list[Any]) -> None:
             for req in reqs:
                 vhasher(req)
 
-        def krun(_: Any) -> None:
+        def krun_list(_: Any) -> None:
+            for p in prompts:
+                khasher.hash_blocks_from(none_hash, p, 0)
+
+        def krun_kept(_: Any) -> None:
             for p in prompts:
                 khasher.hash_tokens(p)
 
+        # Both sides make the same hashes (checked untimed; vLLM's first parent is its
+        # NONE_HASH, random per process for the xxhash algorithms, given to kvpool as is).
+        expected = [bytes(h) for h in vhasher(v.peer.make_request(v, "check", prompts[0]))]
+        if khasher.hash_blocks_from(none_hash, prompts[0], 0) != expected:
+            raise SystemExit(f"{algo}: kvpool's block hashes differ from vLLM's")
         race.run("hash 1,200 tokens from a list", algo, "µs/request", n_req * 1e3, {
             "vllm": (vrun, lambda: [v.peer.make_request(v, f"h{i}", p) for i, p in enumerate(prompts)]),
-            "kvpool": (krun, lambda: None)}, repeat=REPEAT)
+            "list of bytes, as vLLM's": (krun_list, lambda: None),
+            "kept in Rust (BlockHashList)": (krun_kept, lambda: None)}, repeat=REPEAT)
 
 
 def check_prerequisites(args: argparse.Namespace) -> None:
