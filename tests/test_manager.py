@@ -716,3 +716,28 @@ def test_batched_getters_equal_the_one_by_one_calls(Manager: Any) -> None:
         m.get_block_ids_many(["a", "nope"])
     flat, offsets = m.get_block_ids_many([])
     assert flat.tolist() == [] and offsets.tolist() == [0]
+
+
+def test_appended_blocks_are_hashed_where_the_chain_left_off() -> None:
+    """Nested multimodal inputs (sorted by offset, one inside another, one empty): vLLM's request
+    block hasher walks them from the last block it hashed, which finds other inputs than a walk
+    from block 0 would, so the hashes depend on where the prompt ends and the appends begin. The
+    reference rehashed every block after an append and disagreed with Rust (which extends, as
+    vLLM does) at 8 of the 10 places the 11 tokens can be split."""
+    from kvpool._errors import HAVE_CORE
+
+    if not HAVE_CORE:
+        pytest.skip("kvpool._core is not built")
+    import kvpool
+
+    mm = [("a", 2, 7), ("bb", 2, 0), ("a", 4, 7)]
+    tokens = list(range(1, 12))
+    for split in range(1, len(tokens)):
+        seen = []
+        for manager in (kvpool.KVCacheManager(30, 2, hash_algo="sha256"),
+                        ReferenceManager(30, 2, hash_algo="sha256")):
+            manager.add_request("q", tokens[:split], mm_features=mm)
+            manager.append_token_ids("q", tokens[split:])
+            got = manager.get_block_hashes("q")
+            seen.append(got if isinstance(got, list) else got.to_list())
+        assert seen[0] == seen[1], split

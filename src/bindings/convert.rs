@@ -58,8 +58,13 @@ pub fn int_arg(obj: &Bound<'_, PyAny>, what: &str, min: i64, max: i64) -> PyResu
             py,
             ErrorKind::InvalidArgument,
             format!(
-                "{what} must be {}, got {}",
+                "{what} must be {}{}, got {}",
                 range_text(min, max),
+                if (min, max) == (i64::MIN, i64::MAX) {
+                    ""
+                } else {
+                    " (an int64)"
+                },
                 obj.str().map(|s| s.to_string()).unwrap_or_default()
             ),
         )),

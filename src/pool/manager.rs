@@ -54,7 +54,8 @@ pub struct ManagerConfig {
 }
 
 impl ManagerConfig {
-    /// vLLM's defaults: caching on, `sha256_cbor`, seed `"vllm-none-hash"`.
+    /// kvpool's defaults: caching on, `sha256_cbor` (vLLM 0.33's default is `sha256`, see
+    /// `docs/semantics.md`), seed `"vllm-none-hash"`.
     pub fn new(num_blocks: u32, block_size: u32) -> Self {
         Self {
             num_blocks,

@@ -354,10 +354,13 @@ class KVCacheManager:
             self._append(request, tokens[start:end])
 
     def _append(self, request: _Request, tokens: list[int]) -> None:
-        """Append validated tokens to the request and rehash its full blocks."""
+        """Append validated tokens to the request and hash the blocks they fill."""
         request.tokens.extend(tokens)
-        # Hashes are chained and cover full blocks only, so rehashing keeps the old ones as a prefix.
-        request.block_hashes = self._block_hashes(request.tokens, request.extras)
+        # The new blocks are hashed where the chain left off, as vLLM's request block hasher
+        # does: with nested multimodal inputs, its walk from the last hashed block finds other
+        # inputs than a walk from block 0 would, so hashing again from scratch would differ.
+        if self.pool.enable_caching:
+            self._hasher.update_chain(request.block_hashes, request.tokens, request.extras)
 
     def _block_hashes(self, tokens: list[int], extras: RequestExtras) -> list[bytes]:
         """The hashes of the full blocks of ``tokens``; none without prefix caching (as vLLM,
