@@ -41,7 +41,7 @@ pub struct PyBlockPool {
 pub(super) fn pool_arg<'a, 'py>(
     obj: &'a Bound<'py, PyAny>,
 ) -> PyResult<&'a Bound<'py, PyBlockPool>> {
-    super::convert::typed_arg(obj, "pool", "kvpool.BlockPool")
+    super::convert::typed_arg(obj, "pool", "a kvpool.BlockPool")
 }
 
 impl PyBlockPool {

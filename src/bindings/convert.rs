@@ -223,18 +223,18 @@ fn is_plain_ndarray(obj: &Bound<'_, PyAny>) -> bool {
     obj.is_exact_instance_of::<PyUntypedArray>()
 }
 
-/// `obj` as a `T` (a kvpool class, a tuple), or a `DtypeError` naming the argument and
-/// the class expected (`class`, as the user writes it: `kvpool.BlockPool`, `tuple`).
+/// `obj` as a `T` (a kvpool class, a tuple, bytes), or a `DtypeError` naming the argument
+/// and what was expected (`expected`, in words: `a kvpool.BlockPool`, `a tuple`, `bytes`).
 pub fn typed_arg<'a, 'py, T: PyTypeCheck>(
     obj: &'a Bound<'py, PyAny>,
     what: &str,
-    class: &str,
+    expected: &str,
 ) -> PyResult<&'a Bound<'py, T>> {
     obj.cast::<T>().map_err(|_| {
         error(
             obj.py(),
             ErrorKind::Dtype,
-            format!("{what} must be a {class}, got {}", type_name(obj)),
+            format!("{what} must be {expected}, got {}", type_name(obj)),
         )
     })
 }
@@ -745,13 +745,7 @@ pub fn bytes_arg<'a, 'py>(
     obj: &'a Bound<'py, PyAny>,
     what: &str,
 ) -> PyResult<&'a Bound<'py, PyBytes>> {
-    obj.cast::<PyBytes>().map_err(|_| {
-        error(
-            obj.py(),
-            ErrorKind::Dtype,
-            format!("{what} must be bytes, got {}", type_name(obj)),
-        )
-    })
+    typed_arg(obj, what, "bytes")
 }
 
 /// An optional `str` argument; anything but `str` or `None` is a `DtypeError`.

@@ -309,7 +309,7 @@ fn kvpool_object<'a, T>(obj: &'a Bound<'_, PyAny>, what: &str, class: &str) -> P
 where
     T: pyo3::PyClass<Frozen = pyo3::pyclass::boolean_struct::True> + Sync,
 {
-    super::convert::typed_arg::<T>(obj, what, &format!("kvpool.{class}")).map(|b| b.get())
+    super::convert::typed_arg::<T>(obj, what, &format!("a kvpool.{class}")).map(|b| b.get())
 }
 
 /// The bytes `write` appends to an empty buffer (run with the GIL released), through

@@ -98,12 +98,13 @@ impl PyVllmManagerCalls {
         waiting_statuses: &Bound<'_, PyAny>,
         watermark_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let tables = typed_arg::<PyBlockTables>(tables, "tables", "kvpool.BlockTables")?
+        let tables = typed_arg::<PyBlockTables>(tables, "tables", "a kvpool.BlockTables")?
             .clone()
             .unbind();
-        let waiting_statuses = typed_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "tuple")?
-            .clone()
-            .unbind();
+        let waiting_statuses =
+            typed_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "a tuple")?
+                .clone()
+                .unbind();
         let block_size = tables.get().config.block_size as usize;
         Ok(Self {
             tables,

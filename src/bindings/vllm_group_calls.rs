@@ -78,12 +78,13 @@ impl PyVllmGroupCalls {
         waiting_statuses: &Bound<'_, PyAny>,
         watermark_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let tables = typed_arg::<PyGroupTables>(tables, "tables", "kvpool.GroupTables")?
+        let tables = typed_arg::<PyGroupTables>(tables, "tables", "a kvpool.GroupTables")?
             .clone()
             .unbind();
-        let waiting_statuses = typed_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "tuple")?
-            .clone()
-            .unbind();
+        let waiting_statuses =
+            typed_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "a tuple")?
+                .clone()
+                .unbind();
         Ok(Self {
             tables,
             empty_blocks,
