@@ -160,8 +160,50 @@ def test_publish_takes_payloads_and_refuses_after_close() -> None:
     pub.close()
     with pytest.raises(RuntimeError):
         pub.publish([])
+    assert pub.closed
     with pytest.raises(ValueError):
-        ZmqPublisher("tcp://127.0.0.1:*", buffer_steps=0)
+        ZmqPublisher("tcp://127.0.0.1:*", buffer_steps=-1)
+
+
+def test_empty_batches_on_request_and_no_replay_buffer() -> None:
+    """``send_empty=True`` sends an empty batch (vLLM's publisher sends every batch), and
+    ``buffer_steps=0`` keeps nothing for replay (vLLM's deque of length 0)."""
+    pool = kvpool.BlockPool(8, block_size=2, enable_events=True)
+    with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=0) as pub:
+        assert pub.publish(pool.take_events_msgpack(1.0), send_empty=True)
+        assert pub.publish([], send_empty=True)
+        assert pub.publish(pool_events(pool, 3))
+        assert pub.stats().sent == 3 and pub.stats().buffered == 0
+        assert replay(pub, 0) == []
+
+
+def test_a_listener_without_replay_starts_where_the_stream_is_and_counts_what_it_missed() -> None:
+    """Without a replay endpoint the first batch received starts the stream (it raised that
+    batches 0..n were missed); a later gap that replay cannot fill is counted in ``missed``
+    (it was counted as filled). ``replay_from`` past the last batch still skips earlier ones."""
+    pool = kvpool.BlockPool(64, block_size=2, enable_events=True)
+    with ZmqPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=2) as pub:
+        for i in range(3):
+            pub.publish(pool_events(pool, i))
+        plain = EventListener(pub.endpoint)
+        late = EventListener(pub.endpoint, pub.replay_endpoint)
+        ahead = EventListener(pub.endpoint, pub.replay_endpoint)
+        assert ahead.replay_from(100) == 0
+        time.sleep(0.3)
+        pub.publish(pool_events(pool, 3))
+        seq, _ = plain.poll(5000)
+        assert seq == 3 and (plain.gaps, plain.missed) == (0, 0)
+        # Batches 0-2 went before it joined; replay holds the last two, 2 and 3.
+        assert [s for s, _ in drain(late, 2)] == [2, 3]
+        assert (late.gaps, late.missed) == (1, 2)
+        pub.lose_on_the_wire.add(5)
+        for i in range(4, 8):
+            pub.publish(pool_events(pool, i))
+        assert [s for s, _ in drain(plain, 3)] == [4, 6, 7]
+        assert (plain.gaps, plain.missed) == (1, 1)
+        assert ahead.poll(300) is None
+        for listener in (plain, late, ahead):
+            listener.close()
 
 
 def test_events_listen_records_and_stats_summarises(tmp_path: object) -> None:
@@ -189,6 +231,24 @@ def test_events_listen_records_and_stats_summarises(tmp_path: object) -> None:
     bad = subprocess.run([sys.executable, "-m", "kvpool", "events", "stats", f"{tmp_path}/none"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "cannot read" in bad.stderr
+
+
+def test_events_stats_reads_bytes_hashes_and_keeps_tiers_apart(tmp_path: object) -> None:
+    """A stream of ``bytes`` hashes is recorded as base64 strings, which ``stats`` reads; a
+    block stored on the GPU and on the CPU, then removed from the CPU, is still cached."""
+    import json
+
+    from kvpool.events_cli import record_problem, summarise
+
+    records = [
+        {"seq": 0, "events": [{"type": "BlockStored", "block_hashes": ["AAECAw=="], "medium": "GPU"},
+                              {"type": "BlockStored", "block_hashes": ["AAECAw=="], "medium": "CPU"}]},
+        {"seq": 1, "events": [{"type": "BlockRemoved", "block_hashes": ["AAECAw=="], "medium": "CPU"}]},
+    ]
+    assert all(record_problem(json.loads(json.dumps(r))) is None for r in records)
+    assert summarise(records)["cached_at_end"] == 1
+    cleared = records + [{"seq": 2, "events": [{"type": "AllBlocksCleared", "medium": "GPU"}]}]
+    assert summarise(cleared)["cached_at_end"] == 0
 
 
 def serve_request(manager: kvpool.KVCacheManager, rid: str, first_token: int, n: int) -> None:

@@ -63,17 +63,19 @@ def free_port() -> int:
             return port
 
 
-def run(cls: Any, rank: int) -> tuple[Any, int, tuple[list[list[bytes]], list[list[bytes]]]]:
-    """Publish :func:`batches` through ``cls`` at data-parallel rank ``rank`` (vLLM offsets the
-    ports by the rank) and read them as a subscriber."""
+def run(cls: Any, rank: int, sent: list[Any] | None = None, buffer_steps: int = 4
+        ) -> tuple[Any, int, tuple[list[list[bytes]], list[list[bytes]]]]:
+    """Publish ``sent`` (default :func:`batches`) through ``cls`` at data-parallel rank ``rank``
+    (vLLM offsets the ports by the rank) and read them as a subscriber."""
     port, replay_port = free_port(), free_port()
     publisher = cls(data_parallel_rank=rank, endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{replay_port}",
-                    topic="kv", buffer_steps=4)
+                    topic="kv", buffer_steps=buffer_steps)
+    sent = batches() if sent is None else sent
 
     def publish() -> int:
-        for batch in batches():
+        for batch in sent:
             publisher.publish(batch)
-        return len(batches())
+        return len(sent)
 
     try:
         return publisher, port, receive(f"tcp://127.0.0.1:{port + rank}", f"tcp://127.0.0.1:{replay_port + rank}",
@@ -122,3 +124,47 @@ def test_install_makes_the_factory_build_kvpools_publisher(tmp_path: Path, monke
         publisher = EventPublisherFactory.create(config, data_parallel_rank=0)
         assert isinstance(publisher, KvpoolEventPublisher)
         publisher.shutdown()
+
+
+@pytest.mark.parametrize("buffer_steps", [0, 3])
+def test_empty_batches_and_no_replay_buffer_as_vllms(buffer_steps: int) -> None:
+    """vLLM's publisher sends an empty batch like any other (it takes a sequence number), and
+    with ``buffer_steps=0`` keeps nothing for replay; kvpool's skipped empty batches and refused
+    ``buffer_steps=0`` at the engine's start."""
+    from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+
+    from kvpool.vllm.events import KvpoolEventPublisher
+
+    sent = batches()[:2] + [KVEventBatch(ts=1700000020.0, events=[])] + batches()[2:4]
+    _, _, ours = run(KvpoolEventPublisher, 0, sent, buffer_steps)
+    _, _, theirs = run(ZmqEventPublisher, 0, sent, buffer_steps)
+    assert ours == theirs and len(ours[0]) == 5 and len(ours[1]) == buffer_steps + 1
+
+
+def test_a_batch_that_fails_to_encode_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    """As vLLM's publisher thread, a batch that cannot be encoded is logged and dropped: the
+    engine's step goes on (kvpool's used to raise into it). Unlike vLLM's, it takes no sequence
+    number, so subscribers see no gap. After shutdown, publishing raises a RuntimeError, as
+    vLLM's does."""
+    import numpy as np
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+    import kvpool
+    from kvpool.vllm.events import KvpoolEventPublisher
+
+    bad = BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[np.int64(3)], block_size=16,
+                      lora_id=None, medium="GPU", lora_name=None, extra_keys=None, group_idx=0)
+    port, replay_port = free_port(), free_port()
+    publisher = KvpoolEventPublisher(data_parallel_rank=0, endpoint=f"tcp://*:{port}",
+                                     replay_endpoint=f"tcp://*:{replay_port}", topic="kv", buffer_steps=4)
+    try:
+        with caplog.at_level("ERROR", logger="kvpool.vllm.events"):
+            for batch in batches()[:1] + [KVEventBatch(ts=1.0, events=[bad])] + batches()[1:2]:
+                publisher.publish(batch)
+        assert "publishing a KV-event batch failed" in caplog.text
+        assert publisher.stats().sent == 2  # sequence numbers 0 and 1: no gap
+    finally:
+        publisher.shutdown()
+    with pytest.raises(RuntimeError):
+        publisher.publish(batches()[0])
+    assert isinstance(kvpool.TransportError("x"), RuntimeError)

@@ -81,14 +81,16 @@ def cmd_listen(args: argparse.Namespace) -> int:
             seen += 1
     finally:
         listener.close()
-    print(f"{seen} batches, {listener.gaps} gaps filled by replay", file=sys.stderr)
+    print(f"{seen} batches, {listener.gaps} gaps, {listener.missed} batches missed (not received and not"
+          " replayed)", file=sys.stderr)
     return 0
 
 
 def record_problem(record: Any) -> str | None:
     """What keeps ``record`` (one parsed line) from being a batch ``listen --json`` wrote, or
     ``None``: an object with an int ``seq`` and a list of ``events``, each an object with a
-    str ``type``, an int-or-null ``group_idx`` and a list of int ``block_hashes``."""
+    str ``type``, an int-or-null ``group_idx`` and a list of ``block_hashes``, ints or the
+    base64 strings a stream of ``bytes`` hashes is recorded as."""
     if not isinstance(record, dict):
         return "not a JSON object"
     if isinstance(record.get("seq"), bool) or not isinstance(record.get("seq"), int):
@@ -103,8 +105,8 @@ def record_problem(record: Any) -> str | None:
         if group is not None and (isinstance(group, bool) or not isinstance(group, int)):
             return "'group_idx' must be an integer or null"
         hashes = e.get("block_hashes", [])
-        if not isinstance(hashes, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hashes):
-            return "'block_hashes' must be a list of integers"
+        if not isinstance(hashes, list) or any(isinstance(h, bool) or not isinstance(h, (int, str)) for h in hashes):
+            return "'block_hashes' must be a list of integers (or base64 strings)"
     return None
 
 
@@ -113,7 +115,8 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     kinds: Counter[str] = Counter()
     groups: Counter[int] = Counter()
     stored = removed = gaps = 0
-    cached: set[tuple[int, Any]] = set()
+    # Keyed by storage tier too: an offloading connector's CPU events share the batches.
+    cached: set[tuple[Any, int, Any]] = set()
     last = None
     for r in records:
         if last is not None and r["seq"] != last + 1:
@@ -122,15 +125,16 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         for e in r["events"]:
             kinds[e["type"]] += 1
             group = e.get("group_idx") or 0
+            medium = e.get("medium")
             if e["type"] == "BlockStored":
                 stored += len(e["block_hashes"])
                 groups[group] += len(e["block_hashes"])
-                cached.update((group, h) for h in e["block_hashes"])
+                cached.update((medium, group, h) for h in e["block_hashes"])
             elif e["type"] == "BlockRemoved":
                 removed += len(e["block_hashes"])
-                cached.difference_update((group, h) for h in e["block_hashes"])
+                cached.difference_update((medium, group, h) for h in e["block_hashes"])
             elif e["type"] == "AllBlocksCleared":
-                cached.clear()
+                cached = {c for c in cached if medium is not None and c[0] != medium}
     return {"batches": len(records), "events": dict(sorted(kinds.items())), "blocks_stored": stored,
             "blocks_removed": removed, "blocks_stored_by_group": dict(sorted(groups.items())),
             "sequence_gaps": gaps, "cached_at_end": len(cached)}

@@ -45,6 +45,13 @@ def _no_events(payload: bytes) -> bool:
     return len(payload) > 10 and payload[0] == 0x93 and payload[1] == 0xCB and payload[10] == 0x90
 
 
+def _allow_ipv6(socket: zmq.Socket[Any], endpoint: str) -> None:
+    """Lets ``socket`` use IPv6 when ``endpoint`` names an IPv6 address (``tcp://[::1]:5557``),
+    as vLLM's publisher does for a node IP that is one."""
+    if endpoint.startswith("tcp://["):
+        socket.setsockopt(zmq.IPV6, 1)
+
+
 def _sink_for(socket: zmq.Socket[Any], topic: bytes) -> kvpool.ZmqSink | None:
     """A ``ZmqSink`` on ``socket``, or ``None`` where kvpool cannot reach pyzmq's libzmq
     (then ``publish_from`` sends through pyzmq)."""
@@ -115,14 +122,19 @@ class ZmqPublisher:
         lend_payloads: bool = True,
         prefault_buffer: bool = False,
     ) -> None:
-        if buffer_steps < 1 or buffer_bytes < 0 or hwm < 0:
-            raise kvpool.InvalidArgumentError("buffer_steps must be >= 1, buffer_bytes and hwm >= 0")
+        if buffer_steps < 0 or buffer_bytes < 0 or hwm < 0:
+            raise kvpool.InvalidArgumentError("buffer_steps, buffer_bytes and hwm must be >= 0")
         self._topic = topic.encode("utf-8")
         self._rank = data_parallel_rank
         self._group_specs = dict(group_specs or {})
-        self._buffer = kvpool.ReplayRing(buffer_steps, buffer_bytes, prefault=prefault_buffer)
+        # ``buffer_steps=0`` keeps nothing for replay (as vLLM's deque of length 0): a ring of
+        # no bytes holds only the newest batch, which replay then leaves out.
+        self._keep = buffer_steps > 0
+        self._buffer = kvpool.ReplayRing(max(buffer_steps, 1), buffer_bytes if self._keep else 0,
+                                         prefault=prefault_buffer)
         self._ctx = context or zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.PUB)
+        _allow_ipv6(self._pub, endpoint)
         self._pub.set_hwm(hwm)
         if bind:
             self._pub.bind(endpoint)
@@ -137,6 +149,7 @@ class ZmqPublisher:
         self.replay_endpoint: str | None = None
         if replay_endpoint is not None:
             self._replay = self._ctx.socket(zmq.ROUTER)
+            _allow_ipv6(self._replay, replay_endpoint)
             # A full replay plus its end marker must fit in the send queue.
             self._replay.setsockopt(zmq.SNDHWM, 2 * (buffer_steps + 1))
             self._replay.bind(replay_endpoint)
@@ -153,18 +166,22 @@ class ZmqPublisher:
             self._thread = threading.Thread(target=self._serve, name="kvpool-zmq-replay", daemon=True)
             self._thread.start()
 
-    def publish(self, events: Iterable[Any] | bytes, ts: float | None = None) -> bool:
-        """Send one batch (never waits on the network); an empty batch is not sent. Returns
-        True. ``ts`` (default now) labels event objects; a payload carries its own."""
+    def publish(self, events: Iterable[Any] | bytes, ts: float | None = None, *,
+                send_empty: bool = False) -> bool:
+        """Send one batch (never waits on the network); an empty batch is not sent unless
+        ``send_empty`` (vLLM's publisher sends every batch it is given). Returns True. ``ts``
+        (default now) labels event objects; a payload carries its own timestamp and rank
+        (``take_events_msgpack(data_parallel_rank=...)``), which this publisher's
+        ``data_parallel_rank`` does not change."""
         if not self._running:
             raise kvpool.TransportError("the publisher is closed")
         if isinstance(events, bytes):
-            if _no_events(events):
+            if not send_empty and _no_events(events):
                 return True
             payload = events
         else:
             batch = list(events)
-            if not batch:
+            if not batch and not send_empty:
                 return True
             if not all(isinstance(e, wire.KVCacheEvent) for e in batch):
                 batch = wire.from_pool_events(batch, group_specs=self._group_specs)
@@ -211,6 +228,11 @@ class ZmqPublisher:
         self._sent += 1
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (publishing then raises ``TransportError``)."""
+        return not self._running
+
+    @property
     def lends_payloads(self) -> bool:
         """Whether ``publish_from`` sends from Rust with the payload lent to ZeroMQ (see
         ``lend_payloads``). Settable: False sends through pyzmq from the next batch on;
@@ -228,6 +250,8 @@ class ZmqPublisher:
     def stats(self) -> PublisherStats:
         """Batches sent, batches and payload bytes held for replay, replays served."""
         with self._lock:
+            if not self._keep:
+                return PublisherStats(self._sent, 0, self._replays, 0)
             return PublisherStats(self._sent, len(self._buffer), self._replays, self._buffer.num_bytes)
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -276,7 +300,7 @@ class ZmqPublisher:
         big-endian; any longer or larger start gets none) on, then the end marker."""
         assert self._replay is not None
         first = min(int.from_bytes(start, "big"), _MAX_SEQ)
-        held = self._buffer.batches_from(first)
+        held = self._buffer.batches_from(first) if self._keep else []
         with self._lock:
             # Counted before the answer leaves: a client that has read the end marker
             # sees its replay in stats().
@@ -291,7 +315,10 @@ class EventListener:
     missed when it joins late or finds a gap in the sequence numbers.
 
     ``EventListener("tcp://host:5557", replay_endpoint="tcp://host:5558")``; ``poll(timeout)``
-    returns the next ``(seq, EventBatch)`` or ``None``. ``gaps`` counts the gaps filled.
+    returns the next ``(seq, EventBatch)`` or ``None``. ``gaps`` counts the gaps found in the
+    sequence numbers after the first batch, ``missed`` the batches of those gaps that replay
+    could not give (older than its buffer, or no replay endpoint). Without a replay endpoint
+    the first batch received starts the stream, whatever its number.
     """
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
@@ -307,11 +334,14 @@ class EventListener:
         self._next: int | None = None
         self._pending: deque[tuple[int, wire.EventBatch]] = deque()
         self.gaps = 0
+        self.missed = 0
 
-    def _fetch(self, start: int, until: int) -> None:
-        """Replayed batches ``start <= seq < until`` into the pending queue."""
+    def _fetch(self, start: int, until: int) -> int:
+        """Replayed batches ``start <= seq < until`` into the pending queue; how many came
+        (none without a replay endpoint)."""
         if self._replay_endpoint is None:
-            raise RuntimeError(f"batches {start}..{until - 1} were missed and there is no replay endpoint")
+            return 0
+        before = len(self._pending)
         req = self._ctx.socket(zmq.DEALER)
         try:
             req.connect(self._replay_endpoint)
@@ -321,7 +351,7 @@ class EventListener:
                     raise TimeoutError("the replay socket did not answer")
                 _, _, seq_bytes, payload = req.recv_multipart()
                 if seq_bytes == END_SEQ:
-                    return
+                    return len(self._pending) - before
                 seq = int.from_bytes(seq_bytes, "big")
                 if start <= seq < until:
                     self._pending.append((seq, wire.decode_batch(payload)))
@@ -331,11 +361,10 @@ class EventListener:
     def replay_from(self, start: int = 0) -> int:
         """Fetch every buffered batch from ``start`` on now (a late joiner's catch-up, before
         any new batch arrives); they come first from :meth:`poll`. Returns how many."""
-        before = len(self._pending)
-        self._fetch(start, 2**63)
-        if len(self._pending) > before:
-            self._next = start
-        return len(self._pending) - before
+        got = self._fetch(start, 2**63)
+        # Later batches numbered below ``start`` are skipped, even if none was held.
+        self._next = start
+        return got
 
     def poll(self, timeout_ms: int = 1000) -> tuple[int, wire.EventBatch] | None:
         """The next batch in sequence, or ``None`` if none came within ``timeout_ms`` (of
@@ -349,10 +378,12 @@ class EventListener:
                 return None
             _, seq_bytes, payload = self._sub.recv_multipart()
             seq = int.from_bytes(seq_bytes, "big")
+            if self._next is None and self._replay_endpoint is None:
+                self._next = seq  # nothing to catch up with: the stream starts here
             expected = 0 if self._next is None else self._next
             if seq > expected:
                 self.gaps += 1
-                self._fetch(expected, seq)
+                self.missed += seq - expected - self._fetch(expected, seq)
                 self._pending.append((seq, wire.decode_batch(payload)))
                 return self._take(self._pending.popleft())
             if seq == expected:

@@ -7,14 +7,23 @@ through kvpool with no change to its configuration. The wire is vLLM's, frame fo
 same endpoints (offset by the data-parallel rank, wildcards bound and other endpoints connected,
 as vLLM does), topic, sequence numbers from 0, ``EventBatch`` payloads encoded by msgspec as
 vLLM encodes them, the replay ROUTER and its end marker, ``buffer_steps`` batches kept for
-replay. The difference: the batch is encoded and handed to ZeroMQ in ``publish``, on the
-scheduler's thread, not queued for a second Python thread that would take the GIL from the
-scheduler at random points; ZeroMQ's own I/O thread does the sending. ``max_queue_size`` is
-accepted and unused (nothing is queued).
+replay (0: none), every batch sent, empty ones too. The differences:
+
+- the batch is encoded and handed to ZeroMQ in ``publish``, on the scheduler's thread, not
+  queued for a second Python thread that would take the GIL from the scheduler at random
+  points; ZeroMQ's own I/O thread does the sending. ``max_queue_size`` is accepted and unused
+  (nothing is queued). A batch that fails to encode or send is logged and dropped, as vLLM's
+  thread does, without using up a sequence number (vLLM's leaves a gap);
+- replay keeps the last ``buffer_steps`` batches within a bound on their bytes,
+  ``$KVPOOL_EVENTS_BUFFER_BYTES`` (default 256 MiB: about 500-1,000 serving steps of 4,000
+  stored blocks; vLLM's deque has no byte bound), since kvpool's replay ring reserves its
+  room up front. Raise it for a subscriber that may lag further.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import msgspec
@@ -22,9 +31,23 @@ from vllm.config.kv_events import KVEventsConfig
 from vllm.distributed.kv_events import EventBatch, EventPublisher, EventPublisherFactory, ZmqEventPublisher
 from vllm.utils.network_utils import get_ip, get_tcp_uri
 
-from kvpool.publisher import PublisherStats, ZmqPublisher
+import kvpool
+from kvpool.publisher import DEFAULT_BUFFER_BYTES, PublisherStats, ZmqPublisher
 
 __all__ = ["KvpoolEventPublisher", "register"]
+
+_LOG = logging.getLogger(__name__)
+
+
+def _buffer_bytes() -> int:
+    """The replay buffer's byte bound: ``$KVPOOL_EVENTS_BUFFER_BYTES``, else 256 MiB."""
+    value = os.environ.get("KVPOOL_EVENTS_BUFFER_BYTES")
+    if value is None:
+        return DEFAULT_BUFFER_BYTES
+    try:
+        return max(int(value), 0)
+    except ValueError:
+        raise ValueError(f"KVPOOL_EVENTS_BUFFER_BYTES must be an integer, got {value!r}") from None
 
 
 class KvpoolEventPublisher(EventPublisher):  # type: ignore[misc]
@@ -51,6 +74,7 @@ class KvpoolEventPublisher(EventPublisher):  # type: ignore[misc]
             topic=topic,
             data_parallel_rank=data_parallel_rank,
             buffer_steps=buffer_steps,
+            buffer_bytes=_buffer_bytes(),
             hwm=hwm,
             bind=bind,
         )
@@ -68,10 +92,17 @@ class KvpoolEventPublisher(EventPublisher):  # type: ignore[misc]
         )
 
     def publish(self, events: EventBatch) -> None:
-        """Encode the batch as vLLM does and send it (with the next sequence number)."""
+        """Encode the batch as vLLM does and send it (with the next sequence number). A batch
+        that cannot be encoded or sent is logged and dropped, as vLLM's publisher thread
+        does, so that publishing never fails the engine's step."""
+        if self._publisher.closed:
+            raise kvpool.TransportError("the publisher is closed")  # a RuntimeError, as vLLM's
         if events.data_parallel_rank is None:
             events.data_parallel_rank = self._data_parallel_rank
-        self._publisher.publish(self._encoder.encode(events))
+        try:
+            self._publisher.publish(self._encoder.encode(events), send_empty=True)
+        except Exception as exc:  # noqa: BLE001 - vLLM's publisher logs and goes on
+            _LOG.exception("kvpool: publishing a KV-event batch failed: %s", exc)
 
     def shutdown(self) -> None:
         """Stop serving replays and close the sockets."""
@@ -87,8 +118,15 @@ class KvpoolEventPublisher(EventPublisher):  # type: ignore[misc]
 
 
 def _node_endpoint(endpoint: str) -> str:
-    """Where to bind ``endpoint``: vLLM binds ``tcp://*:0`` on the node's IP."""
-    return get_tcp_uri(get_ip(), 0) if endpoint == "tcp://*:0" else endpoint
+    """Where to bind ``endpoint``: vLLM binds ``tcp://*:0`` on the node's IP, which must be
+    one (not a wildcard address); an IPv6 one is bracketed (``ZmqPublisher`` then enables
+    IPv6 on the socket)."""
+    if endpoint != "tcp://*:0":
+        return endpoint
+    ip = get_ip()
+    if ip in ("0.0.0.0", "::"):
+        raise ValueError("tcp://*:0 needs a node IP; set VLLM_HOST_IP")
+    return get_tcp_uri(ip, 0)
 
 
 def register() -> None:
