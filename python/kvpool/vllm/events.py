@@ -126,7 +126,7 @@ def _node_endpoint(endpoint: str) -> str:
     ip = get_ip()
     if ip in ("0.0.0.0", "::"):
         raise ValueError("tcp://*:0 needs a node IP; set VLLM_HOST_IP")
-    return get_tcp_uri(ip, 0)
+    return str(get_tcp_uri(ip, 0))
 
 
 def register() -> None:
