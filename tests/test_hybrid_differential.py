@@ -356,3 +356,51 @@ def test_partial_tail_keys_match_vllm() -> None:
     full = {h for e in group0 if e[0] == "BlockStored" and e[4] == 32 for h in e[1]}
     at = pair.log.index(("BlockRemoved", [partial_hash], 0))
     assert pair.log[at - 1][0] == "BlockRemoved" and pair.log[at - 1][1][0] in full  # its block's full key first
+
+
+def test_tokens_in_flight_and_rejected_drafts_as_vllms() -> None:
+    """Under async scheduling a step's tokens are in flight until its output comes back, and its
+    window still reads blocks below them: vLLM frees window blocks only below
+    ``num_computed_tokens - num_in_flight_tokens`` (``GroupManager.set_num_in_flight_tokens``;
+    without it the manager gave back three blocks the step in flight reads). Rejected draft
+    tokens roll ``num_computed_tokens`` back (``GroupManager.set_num_computed_tokens``; without
+    it the manager allocated ahead of vLLM at every later step)."""
+    groups: list[Any] = [("sliding_window", 4), "full"]
+    theirs = vllm_manager(4, groups, 40, None, 4096, True)
+    ours = kvpool.GroupManager(40, 4, groups, hash_algo="sha256", max_model_len=4096)
+
+    def same() -> None:
+        assert [list(x) for x in theirs.get_block_ids("a")] == [x.tolist() for x in ours.get_block_ids("a")]
+        assert theirs.block_pool.get_num_free_blocks() == ours.get_num_free_blocks()
+        assert ours.get_num_computed_tokens("a") == req.num_computed_tokens
+
+    req = make_request("a", list(range(16)), 4)
+    ours.add_request("a", list(range(16)))
+    theirs.allocate_slots(req, 16)
+    ours.allocate_slots("a", 16)
+    req.num_computed_tokens = 16
+    req.num_in_flight_tokens = 16  # the prefill's output has not come back
+    ours.set_num_in_flight_tokens("a", 16)
+    for tok in (7, 8):
+        req.append_output_token_ids(tok)
+        ours.append_token_ids("a", [tok])
+        theirs.allocate_slots(req, 1)
+        ours.allocate_slots("a", 1)
+        req.num_computed_tokens += 1
+        same()
+    req.num_in_flight_tokens = 0  # the outputs came back
+    ours.set_num_in_flight_tokens("a", 0)
+    for tok in (9, 10, 11):
+        # The sampled token and three drafts, all three drafts rejected.
+        theirs.allocate_slots(req, 4)
+        ours.allocate_slots("a", 4)
+        req.num_computed_tokens += 1
+        ours.set_num_computed_tokens("a", req.num_computed_tokens)
+        req.append_output_token_ids(tok)
+        ours.append_token_ids("a", [tok])
+        same()
+    with pytest.raises(kvpool.InvalidArgumentError):
+        ours.set_num_computed_tokens("a", 10_000)
+    with pytest.raises(kvpool.InvalidArgumentError):
+        ours.set_num_in_flight_tokens("a", 10_000)
+    ours.check_invariants()

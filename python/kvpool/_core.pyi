@@ -808,6 +808,16 @@ class GroupManager:
         """The longest prefix hit valid for every group, capped below the request's last
         token: ``(blocks per group, num_computed_tokens)``. Changes nothing.
         """
+    def set_num_computed_tokens(self, request_id: _RequestId, num_computed_tokens: int) -> None:
+        """Rolls the request's computed tokens back to ``num_computed_tokens`` (at most the
+        current count), as vLLM's scheduler does when it rejects speculative tokens.
+        """
+    def set_num_in_flight_tokens(self, request_id: _RequestId, num_in_flight_tokens: int) -> None:
+        """vLLM's ``request.num_in_flight_tokens``: tokens scheduled in steps whose output has
+        not come back (async scheduling, pipeline parallelism). Window groups keep the
+        blocks those steps still read; set it after each step is scheduled and again when
+        its output arrives.
+        """
     def allocate_slots(
         self,
         request_id: _RequestId,

@@ -229,6 +229,36 @@ impl PyGroupManager {
         Ok((blocks, hit.num_tokens))
     }
 
+    /// Rolls the request's computed tokens back to ``num_computed_tokens`` (at most the
+    /// current count), as vLLM's scheduler does when it rejects speculative tokens.
+    fn set_num_computed_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        num_computed_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        let n = int_arg(num_computed_tokens, "num_computed_tokens", 0, i64::MAX)? as usize;
+        self.with_manager(py, |m| m.set_num_computed_tokens(&id, n))
+            .py_err(py)
+    }
+
+    /// vLLM's ``request.num_in_flight_tokens``: tokens scheduled in steps whose output has
+    /// not come back (async scheduling, pipeline parallelism). Window groups keep the
+    /// blocks those steps still read; set it after each step is scheduled and again when
+    /// its output arrives.
+    fn set_num_in_flight_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &Bound<'_, PyAny>,
+        num_in_flight_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let id = super::requests::request_id(request_id)?;
+        let n = int_arg(num_in_flight_tokens, "num_in_flight_tokens", 0, i64::MAX)? as usize;
+        self.with_manager(py, |m| m.set_num_in_flight_tokens(&id, n))
+            .py_err(py)
+    }
+
     /// Allocates slots for ``num_new_tokens`` new tokens (plus lookahead), adopting
     /// ``new_computed_blocks`` (per group, the hit from ``get_computed_blocks``) for a
     /// request that starts now. Returns each group's new blocks, or ``None`` when they do

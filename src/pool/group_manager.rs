@@ -28,6 +28,10 @@ struct GroupRequest {
     lora: LoraInfo,
     /// The retention priority of the blocks the request caches or hits.
     priority: Option<BlockPriority>,
+    /// vLLM's `request.num_in_flight_tokens`: tokens scheduled in steps whose output has
+    /// not come back (async scheduling, pipeline parallelism), whose windows still read
+    /// blocks a window group would otherwise give back.
+    num_in_flight_tokens: usize,
 }
 
 /// The per-request block manager for several KV-cache groups.
@@ -120,6 +124,7 @@ impl GroupManager {
                 shared_prefix_boundary: 0,
                 lora,
                 priority: None,
+                num_in_flight_tokens: 0,
             },
         );
         Ok(())
@@ -166,6 +171,36 @@ impl GroupManager {
     /// Tokens the manager counts as computed for the request.
     pub fn num_computed_tokens(&self, id: &RequestId) -> PoolResult<usize> {
         Ok(self.request(id)?.num_computed_tokens)
+    }
+
+    /// Rolls the request's computed tokens back to `n` (at most the current count), as
+    /// vLLM's scheduler does when it rejects speculative tokens; the blocks stay, and the
+    /// next allocation counts from `n`.
+    pub fn set_num_computed_tokens(&mut self, id: &RequestId, n: usize) -> PoolResult<()> {
+        let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        if n > request.num_computed_tokens {
+            return Err(PoolError::InvalidArgument(format!(
+                "{n} computed tokens exceed the request's {} (only a rollback is allowed)",
+                request.num_computed_tokens
+            )));
+        }
+        request.num_computed_tokens = n;
+        Ok(())
+    }
+
+    /// Sets vLLM's `request.num_in_flight_tokens` for the request: tokens scheduled in
+    /// steps whose output has not come back. Window groups keep the blocks those steps
+    /// still read (vLLM frees below `num_computed_tokens - num_in_flight_tokens` only).
+    pub fn set_num_in_flight_tokens(&mut self, id: &RequestId, n: usize) -> PoolResult<()> {
+        let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
+        if n > request.num_computed_tokens {
+            return Err(PoolError::InvalidArgument(format!(
+                "{n} tokens in flight exceed the request's {} computed tokens",
+                request.num_computed_tokens
+            )));
+        }
+        request.num_in_flight_tokens = n;
+        Ok(())
     }
 
     /// The request's blocks in group `g`.
@@ -268,6 +303,7 @@ impl GroupManager {
             lora: &request.lora,
             extras: Some(seq.extras()),
             priority: request.priority,
+            num_in_flight_tokens: request.num_in_flight_tokens,
             ..GroupSlotCall::new(
                 request.num_computed_tokens,
                 seq.num_tokens(),
@@ -311,6 +347,7 @@ impl GroupManager {
         self.tables.free(&mut self.pool, id.key())?;
         let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
         request.num_computed_tokens = 0;
+        request.num_in_flight_tokens = 0;
         request.seq.reset();
         Ok(())
     }
