@@ -225,3 +225,30 @@ def test_request_priorities_keep_a_requests_blocks_longest() -> None:
     with pytest.raises(kvpool.InvalidArgumentError, match="eviction='priority'"):
         manager().add_request("x", [1, 2, 3], priority=50)
     m.check_invariants()
+
+
+def test_prefix_cache_stats_count_admissions_as_the_single_group_manager() -> None:
+    """``GroupManager`` records a request's tokens and hit tokens when it is admitted (its first
+    allocation), a preempted one's again in the ``preempted_*`` fields, as ``KVCacheManager``
+    does; a reset of the prefix cache clears them."""
+    groups: list[Any] = [("sliding_window", 8), "full"]
+    ours = kvpool.GroupManager(64, 4, groups)
+    single = kvpool.KVCacheManager(64, 4)
+    for manager in (ours, single):
+        for rid in ("a", "b"):
+            manager.add_request(rid, list(range(20)))
+            blocks, hit = manager.get_computed_blocks(rid)
+            manager.allocate_slots(rid, 20 - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+        manager.append_token_ids("b", [7])
+        manager.allocate_slots("b", 1)  # running: not counted again
+        manager.preempt("b")
+        blocks, hit = manager.get_computed_blocks("b")
+        manager.allocate_slots("b", 20 - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
+    assert ours.prefix_cache_stats == single.prefix_cache_stats
+    stats = ours.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.preempted_requests) == (2, 40, 1) and stats.hits > 0
+    assert ours.recent_prefix_cache_stats == single.recent_prefix_cache_stats
+    for rid in ("a", "b"):
+        ours.free(rid)
+    assert ours.reset_prefix_cache()
+    assert ours.prefix_cache_stats.requests == 0

@@ -808,6 +808,16 @@ class GroupManager:
         """The longest prefix hit valid for every group, capped below the request's last
         token: ``(blocks per group, num_computed_tokens)``. Changes nothing.
         """
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix-cache statistics over every request admitted since the start (or last
+        reset), as ``KVCacheManager.prefix_cache_stats``.
+        """
+    @property
+    def recent_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix-cache statistics over the last 1,000 admitted requests (new ones, and
+        resumed preempted ones in the ``preempted_*`` fields).
+        """
     def set_num_computed_tokens(self, request_id: _RequestId, num_computed_tokens: int) -> None:
         """Rolls the request's computed tokens back to ``num_computed_tokens`` (at most the
         current count), as vLLM's scheduler does when it rejects speculative tokens.
@@ -910,7 +920,9 @@ class GroupManager:
         the batch held.
         """
     def reset_prefix_cache(self) -> bool:
-        """Clears the prefix cache; ``False`` (nothing changes) while blocks are in use."""
+        """Clears the prefix cache (and the statistics); ``False`` (nothing changes) while
+        blocks are in use.
+        """
     def check_invariants(self) -> None:
         """Raises ``InvariantError`` if the pool, the tables or the requests disagree."""
     def __len__(self) -> int: ...

@@ -489,9 +489,26 @@ impl PyGroupManager {
         events_to_py(py, events)
     }
 
-    /// Clears the prefix cache; ``False`` (nothing changes) while blocks are in use.
+    /// Clears the prefix cache (and the statistics); ``False`` (nothing changes) while
+    /// blocks are in use.
     fn reset_prefix_cache(&self, py: Python<'_>) -> bool {
         self.with_manager(py, |m| m.reset_prefix_cache())
+    }
+
+    /// Prefix-cache statistics over every request admitted since the start (or last
+    /// reset), as ``KVCacheManager.prefix_cache_stats``.
+    #[getter]
+    fn prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stats = self.with_manager(py, |m| m.prefix_cache_stats().clone());
+        super::manager::stats_to_py(py, &stats)
+    }
+
+    /// Prefix-cache statistics over the last 1,000 admitted requests (new ones, and
+    /// resumed preempted ones in the ``preempted_*`` fields).
+    #[getter]
+    fn recent_prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stats = self.with_manager(py, |m| m.recent_prefix_cache_stats());
+        super::manager::stats_to_py(py, &stats)
     }
 
     /// Raises ``InvariantError`` if the pool, the tables or the requests disagree.

@@ -41,7 +41,10 @@ pub struct PyKVCacheManager {
 
 static STATS_CLASS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-fn stats_to_py<'py>(py: Python<'py>, stats: &PrefixCacheStats) -> PyResult<Bound<'py, PyAny>> {
+pub(super) fn stats_to_py<'py>(
+    py: Python<'py>,
+    stats: &PrefixCacheStats,
+) -> PyResult<Bound<'py, PyAny>> {
     let cls = init_once(py, &STATS_CLASS, || {
         py.import("kvpool.stats")
             .and_then(|m| m.getattr("PrefixCacheStats"))

@@ -15,6 +15,7 @@ use super::group_tables::{GroupBlocks, GroupSlotCall, GroupTables};
 use super::kv_groups::{GroupSpec, KvGroups};
 use super::manager::{require_priority_policy, LoraInfo, ManagerConfig};
 use super::request_id::RequestId;
+use super::stats::{PrefixCacheStats, StatsRecorder};
 use super::step::{run_step, Attempt, StepLimits, StepManager, StepOutcome, StepRequest};
 use super::tracker::{Sequence, SequenceExtras, SequenceHasher, TokenIds};
 
@@ -32,6 +33,8 @@ struct GroupRequest {
     /// not come back (async scheduling, pipeline parallelism), whose windows still read
     /// blocks a window group would otherwise give back.
     num_in_flight_tokens: usize,
+    /// Whether it was preempted (its next admission counts in the `preempted_*` stats).
+    preempted: bool,
 }
 
 /// The per-request block manager for several KV-cache groups.
@@ -41,6 +44,8 @@ pub struct GroupManager {
     tables: GroupTables,
     hasher: SequenceHasher,
     requests: HashMap<RequestId, GroupRequest>,
+    /// Prefix-cache statistics, recorded as requests are admitted (as `KVCacheManager`).
+    stats: StatsRecorder,
 }
 
 fn unknown(id: &RequestId) -> PoolError {
@@ -77,6 +82,7 @@ impl GroupManager {
             tables,
             hasher,
             requests: HashMap::new(),
+            stats: StatsRecorder::new(config.stats_window),
         })
     }
 
@@ -125,6 +131,7 @@ impl GroupManager {
                 lora,
                 priority: None,
                 num_in_flight_tokens: 0,
+                preempted: false,
             },
         );
         Ok(())
@@ -257,16 +264,20 @@ impl GroupManager {
         out: &mut Vec<u32>,
         offsets: &mut Vec<usize>,
     ) -> PoolResult<bool> {
+        let admitting = self.is_waiting(id);
         let Self {
             pool,
             tables,
             requests,
+            stats,
             ..
         } = self;
         let request = requests.get_mut(id).ok_or_else(|| unknown(id))?;
         Self::allocate(
             pool,
             tables,
+            stats,
+            admitting,
             id,
             request,
             num_new_tokens,
@@ -282,6 +293,8 @@ impl GroupManager {
     fn allocate(
         pool: &mut BlockPool,
         tables: &mut GroupTables,
+        stats: &mut StatsRecorder,
+        admitting: bool,
         id: &RequestId,
         request: &mut GroupRequest,
         num_new_tokens: usize,
@@ -313,6 +326,13 @@ impl GroupManager {
         };
         let ok = tables.allocate_slots(pool, id.key(), &call, out, offsets)?;
         if ok {
+            if admitting && pool.config().enable_caching {
+                stats.record(
+                    request.seq.num_tokens() as u64,
+                    num_new_computed_tokens as u64,
+                    request.preempted,
+                );
+            }
             request.num_computed_tokens += num_new_computed_tokens + num_new_tokens;
         }
         Ok(ok)
@@ -348,6 +368,7 @@ impl GroupManager {
         let request = self.requests.get_mut(id).ok_or_else(|| unknown(id))?;
         request.num_computed_tokens = 0;
         request.num_in_flight_tokens = 0;
+        request.preempted = true;
         request.seq.reset();
         Ok(())
     }
@@ -394,7 +415,22 @@ impl GroupManager {
 
     /// Clears the prefix cache if no block is in use.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        self.pool.reset_prefix_cache()
+        let done = self.pool.reset_prefix_cache();
+        if done {
+            self.stats.clear();
+        }
+        done
+    }
+
+    /// `(requests, queries, hits)` over every request admitted since the start (or the
+    /// last reset), as [`super::KVCacheManager::prefix_cache_stats`].
+    pub fn prefix_cache_stats(&self) -> &PrefixCacheStats {
+        &self.stats.all
+    }
+
+    /// The same over the last `stats_window` admitted requests.
+    pub fn recent_prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.stats.recent()
     }
 
     /// The request's LoRA identity (for events).
@@ -435,6 +471,7 @@ impl StepManager for GroupManager {
             pool,
             tables,
             requests,
+            stats,
             ..
         } = self;
         let request = requests.get_mut(req.id).ok_or_else(|| unknown(req.id))?;
@@ -463,6 +500,8 @@ impl StepManager for GroupManager {
         let ok = Self::allocate(
             pool,
             tables,
+            stats,
+            waiting,
             req.id,
             request,
             num_new,
