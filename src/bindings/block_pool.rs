@@ -387,10 +387,9 @@ impl PyBlockPool {
         // the documented order). The in-place borrow is taken only after the other
         // arguments are converted: their conversion can run Python code, which could
         // resize the array under a borrow taken earlier.
-        let lendable =
-            |ids: &Bound<'_, PyAny>| borrow_block_ids(ids).is_some_and(|lent| !lent.reversed);
+        let lend = |ids| borrow_block_ids(ids).filter(|lent| !lent.reversed);
         let mut ids = Vec::new();
-        let in_place = lendable(block_ids);
+        let in_place = lend(block_ids).is_some();
         if !in_place {
             extract_block_ids(block_ids, u32::MAX, &mut ids)?;
         }
@@ -422,7 +421,7 @@ impl PyBlockPool {
         };
         if in_place {
             // Lendable when checked above, unless a conversion since changed the array.
-            if let Some(lent) = borrow_block_ids(block_ids).filter(|lent| !lent.reversed) {
+            if let Some(lent) = lend(block_ids) {
                 if self.done_in_place(|pool| cache(pool, lent.ids)) {
                     return Ok(());
                 }

@@ -239,6 +239,15 @@ pub fn typed_arg<'a, 'py, T: PyTypeCheck>(
     })
 }
 
+/// [`typed_arg`], as an owned reference (for a value a binding object keeps).
+pub fn owned_arg<T: PyTypeCheck>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    expected: &str,
+) -> PyResult<Py<T>> {
+    Ok(typed_arg::<T>(obj, what, expected)?.clone().unbind())
+}
+
 /// vLLM's `skip_zeroing_group_ids`: group indices (ints >= 0), empty for `None`.
 pub fn group_index_list(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Vec<usize>> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
 use super::block_tables::{PyBlockTables, SlotArgs};
-use super::convert::{int_arg, opt_bool_arg, type_name, typed_arg, with_scratch};
+use super::convert::{int_arg, opt_bool_arg, owned_arg, type_name, with_scratch};
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::recycled_ids::RecycledIds;
 use crate::pool::SlotCall;
@@ -98,13 +98,9 @@ impl PyVllmManagerCalls {
         waiting_statuses: &Bound<'_, PyAny>,
         watermark_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let tables = typed_arg::<PyBlockTables>(tables, "tables", "a kvpool.BlockTables")?
-            .clone()
-            .unbind();
+        let tables = owned_arg::<PyBlockTables>(tables, "tables", "a kvpool.BlockTables")?;
         let waiting_statuses =
-            typed_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "a tuple")?
-                .clone()
-                .unbind();
+            owned_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "a tuple")?;
         let block_size = tables.get().config.block_size as usize;
         Ok(Self {
             tables,

@@ -10,7 +10,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, typed_arg};
+use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, owned_arg};
 use super::errors::IntoPyResult;
 use super::group_tables::{GroupSlotArgs, PyGroupTables};
 use super::hashing::hash_slice_of;
@@ -78,13 +78,9 @@ impl PyVllmGroupCalls {
         waiting_statuses: &Bound<'_, PyAny>,
         watermark_blocks: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let tables = typed_arg::<PyGroupTables>(tables, "tables", "a kvpool.GroupTables")?
-            .clone()
-            .unbind();
+        let tables = owned_arg::<PyGroupTables>(tables, "tables", "a kvpool.GroupTables")?;
         let waiting_statuses =
-            typed_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "a tuple")?
-                .clone()
-                .unbind();
+            owned_arg::<PyTuple>(waiting_statuses, "waiting_statuses", "a tuple")?;
         Ok(Self {
             tables,
             empty_blocks,
