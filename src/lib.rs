@@ -47,6 +47,10 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        // numpy's C API and the id dtype, looked up now, while the import holds the
+        // module to one thread: a first lookup in a call could wait on numpy's own
+        // once-cell while other threads or re-entrant Python code call kvpool.
+        crate::bindings::recycled_ids::int32_descr(m.py());
         // Whether token lists are read in place (`bindings/int_reader.rs`), for tests.
         m.add(
             "_reads_ints_in_place",

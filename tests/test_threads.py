@@ -562,3 +562,51 @@ def test_events_go_back_when_the_replay_ring_refuses_them_after_they_are_taken(h
     being lost (before, 20% of such races dropped every event)."""
     out = run_script(RING_REFUSES_MEANWHILE, how).split()
     assert out[0] == "ok", out
+
+
+FIRST_NUMPY_LOOKUP = """
+import builtins, threading
+import kvpool
+
+pools = [kvpool.BlockPool(64) for _ in range(4)]
+real_import = builtins.__import__
+looked_up = []
+
+
+def calling_back(name, *args, **kwargs):
+    # Looking numpy's C API up imports numpy's multiarray module through ``__import__``:
+    # Python code, which may call kvpool on this thread.
+    if "multiarray" in name and not looked_up:
+        looked_up.append(name)
+        pools[0].free_blocks(pools[0].get_new_blocks(2))
+    return real_import(name, *args, **kwargs)
+
+
+builtins.__import__ = calling_back
+pools[0].free_blocks(pools[0].get_new_blocks(1))
+builtins.__import__ = real_import
+
+
+def work(k):
+    for _ in range(200):
+        for pool in pools:
+            pool.free_blocks(pool.get_new_blocks(1 + k))
+
+
+threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("ok", looked_up)
+"""
+
+
+def test_first_array_is_made_without_waiting_on_numpy_with_the_gil_held() -> None:
+    """Looking numpy's ``int32`` dtype up for the first time releases the GIL inside
+    numpy's own once-cell (and imports through ``__import__``). The dtype was kept in a
+    ``std`` once-cell, so a second thread (or the import's Python code) asking for it with
+    the GIL held deadlocked with the first (`POLICIES` hung about once in twenty runs).
+    The dtype is now looked up when kvpool is imported, into a GIL-aware cell: the first
+    id array any call makes waits on nothing."""
+    assert run_script(FIRST_NUMPY_LOOKUP).strip() == "ok []"

@@ -26,15 +26,17 @@
 
 #![allow(unsafe_code)]
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use numpy::npyffi::{
     self, NPY_ARRAY_ALIGNED, NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_OWNDATA, NPY_ARRAY_WRITEABLE,
 };
 use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 use super::convert::ids_to_numpy;
+use super::locking::init_once;
 
 /// How many arrays a ring keeps.
 const SLOTS: usize = 4;
@@ -55,10 +57,17 @@ struct Ring {
 }
 
 /// Address of numpy's built-in `int32` dtype, which every array here is made with
-/// ([`ids_to_numpy`]) and which lives as long as numpy.
-fn int32_descr(py: Python<'_>) -> usize {
-    static DESCR: OnceLock<usize> = OnceLock::new();
-    *DESCR.get_or_init(|| numpy::dtype::<i32>(py).as_dtype_ptr() as usize)
+/// ([`ids_to_numpy`]) and which lives as long as numpy. Looked up (and with it numpy's
+/// C API) when the module is imported, so that no call waits on numpy's first lookup.
+///
+/// Kept in a `PyOnceLock` filled by [`init_once`], not a `std` `OnceLock`: numpy's first
+/// lookup releases the GIL (it waits on numpy's own once-cell detached), and a second
+/// thread waiting on a `std` cell with the GIL held then deadlocked with it.
+pub fn int32_descr(py: Python<'_>) -> usize {
+    static DESCR: PyOnceLock<usize> = PyOnceLock::new();
+    let look_up = || numpy::dtype::<i32>(py).as_dtype_ptr() as usize;
+    // `init_once` fails only if its (infallible) `init` does.
+    init_once(py, &DESCR, || Ok(look_up())).map_or_else(|_| look_up(), |descr| *descr)
 }
 
 /// The last few id arrays a pool returned, reused once only the ring holds them (see
