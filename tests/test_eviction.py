@@ -161,6 +161,70 @@ def test_lowest_priority_goes_first_lru_within(pool_cls: Any) -> None:
     pool.check_invariants()
 
 
+@pytest.mark.parametrize("peek", [False, True])
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_a_block_whose_priority_ran_out_queues_ahead_of_later_frees(pool_cls: Any, peek: bool) -> None:
+    """A's priority (90) runs out at t=5; B is freed at t=5.5 at the default priority. A ran
+    out first, so it goes first, whether or not ``free_block_ids()`` was read in between
+    (the expiry was applied lazily: without the read B went first, with it A)."""
+    pool = pool_cls(3, null_block=False, eviction="priority", clock="manual")
+    a, b, c = (pool.get_new_blocks(1) for _ in range(3))
+    pool.cache_full_blocks(a, keys(1), 0, 1, priority=90, retention_s=5.0)
+    pool.cache_full_blocks(b, keys(2), 0, 1)
+    pool.free_blocks(a)
+    pool.advance_clock(5.5)
+    if peek:
+        assert pool.free_block_ids().tolist() == [int(a[0])]
+    pool.free_blocks(b)
+    pool.free_blocks(c)  # uncached: the head
+    assert pool.free_block_ids().tolist() == [int(c[0]), int(a[0]), int(b[0])]
+    assert pool.get_new_blocks(2).tolist() == [int(c[0]), int(a[0])]
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["lru", "priority", "adaptive"])
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_a_free_block_whose_hash_is_evicted_is_reused_before_cached_ones(pool_cls: Any, policy: str) -> None:
+    """``evict_blocks`` on a free block: under LRU it keeps its place (vLLM's order); under
+    the other policies it joins the uncached blocks at the head (it kept its class, so a
+    still-cached block was evicted before it)."""
+    pool = pool_cls(3, null_block=False, eviction=policy, clock="manual")
+    x, y, z = (pool.get_new_blocks(1) for _ in range(3))
+    pool.cache_full_blocks(x, keys(1), 0, 1, **({"priority": 90} if policy == "priority" else {}))
+    if policy == "adaptive":  # two requests used X: the reused band
+        pool.touch(x)
+        pool.free_blocks(x)
+    pool.cache_full_blocks(y, keys(2), 0, 1)
+    for ids in (x, y, z):
+        pool.free_blocks(ids)
+    pool.evict_blocks(x)
+    taken = pool.get_new_blocks(2).tolist()
+    if policy == "lru":
+        assert taken == [int(z[0]), int(x[0])]  # z at the head, then the queue: x before y
+    else:
+        assert taken == [int(x[0]), int(z[0])]  # x joined the uncached head, last in first out
+    assert cached(pool, [2]) == 1  # y is still cached
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+def test_pool_arguments_the_bindings_and_the_reference_read_alike(pool_cls: Any) -> None:
+    """``advance_clock(None)`` is refused (the binding took it as 0); ``group_id=None`` is the
+    default group and integer hash ids stand for 8-byte big-endian hashes in both (the
+    reference refused both)."""
+    pool = pool_cls(8, clock="manual")
+    with pytest.raises(DtypeError):
+        pool.advance_clock(None)
+    ids = pool.get_new_blocks(2)
+    pool.cache_full_blocks(ids, np.array([7, 8], dtype=np.uint64), 0, 2)
+    assert pool.find_longest_cache_hit(keys(7, 8), group_id=None).tolist() == ids.tolist()
+    assert pool.find_longest_cache_hit(np.array([7, 8])).tolist() == ids.tolist()
+    assert pool.pin_prefix(np.array([7]), group_id=None) == 1
+    with pytest.raises(InvalidArgumentError, match=">= 0"):
+        pool.find_longest_cache_hit(np.array([-1]))
+    pool.check_invariants()
+
+
 @pytest.mark.parametrize("manager_cls", MANAGERS)
 def test_request_priority_reaches_its_blocks(manager_cls: Any) -> None:
     manager = manager_cls(9, 4, eviction="priority", clock="manual")

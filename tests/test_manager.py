@@ -457,6 +457,60 @@ def test_stats(Manager: Any) -> None:
     assert no_cache.prefix_cache_stats.requests == 0  # no lookup without a cache
 
 
+
+def test_recent_stats_window_counts_new_requests_as_vllm_does(Manager: Any) -> None:
+    """vLLM's ``CachingMetrics`` window holds the last N new requests; resumed (preempted)
+    requests do not enter it, so they cannot push new ones out (they did, before: a window of
+    2 after new "a", new "b" and resumed "a" held "b" and the resumed "a" alone)."""
+    m = Manager(20, 4, stats_window=2)
+    m.add_request("a", PROMPT)
+    schedule(m, "a", 10)  # new: 10 tokens, 0 hits
+    m.add_request("b", PROMPT)
+    schedule(m, "b", 10)  # new: 10 tokens, 8 hits
+    m.preempt("a")
+    schedule(m, "a", 10)  # resumed: 10 tokens, 8 hits
+    assert m.recent_prefix_cache_stats == PrefixCacheStats(
+        requests=2, queries=20, hits=8, preempted_requests=1, preempted_queries=10, preempted_hits=8)
+    m.add_request("c", PROMPT)
+    schedule(m, "c", 10)  # new: 10 tokens, 8 hits; "a" (new) leaves the window
+    assert m.recent_prefix_cache_stats == PrefixCacheStats(
+        requests=2, queries=20, hits=16, preempted_requests=1, preempted_queries=10, preempted_hits=8)
+
+
+def test_token_counts_past_int64_are_refused_and_change_nothing(Manager: Any) -> None:
+    """Counts cross to Python as int64. With ``max_model_len`` capping the slots, an
+    allocation of 2**63 - 1 tokens succeeds; a second one took the computed count past
+    2**63 - 1 (the Rust core saturated and ``get_num_computed_tokens_many`` wrapped negative;
+    the reference raised numpy's ``OverflowError``). Now an ``InvalidArgumentError``,
+    before anything changes, in ``allocate_slots`` and in ``schedule_step``."""
+    big = 2**63 - 1
+    m = Manager(8, 4, max_model_len=8)
+    m.add_request("a", [1, 2, 3])
+    m.add_request("b", [1, 2, 3])
+    assert ids(m.allocate_slots("a", big)) == [1, 2]
+    before = (m.get_num_computed_tokens("a"), ids(m.get_block_ids("a")), m.get_num_free_blocks())
+    with pytest.raises(InvalidArgumentError, match="2\\*\\*63 - 1"):
+        m.allocate_slots("a", 1)
+    with pytest.raises(InvalidArgumentError, match="2\\*\\*63 - 1"):
+        m.schedule_step(["a"], 1)
+    # "b" alone fits, but the step's tokens with "a"'s computed ones do not: nothing is scheduled.
+    with pytest.raises(InvalidArgumentError, match="request 'a'|request \"a\""):
+        m.schedule_step(["b", "a"], [1, 0])
+    assert (m.get_num_computed_tokens("a"), ids(m.get_block_ids("a")), m.get_num_free_blocks()) == before
+    assert m.get_num_computed_tokens("b") == 0
+    assert m.get_num_computed_tokens_many(["a"]).tolist() == [big]
+    # A step's tokens are bounded by 2**63 - 1 with each request's own, so no budget never
+    # runs out (Rust scheduled a second request of 2**63 - 1 the reference refused).
+    fresh = Manager(8, 4, max_model_len=8)
+    fresh.add_request("x", [1, 2, 3])
+    fresh.add_request("y", [1, 2, 3])
+    with pytest.raises(InvalidArgumentError, match="2\\*\\*63 - 1"):
+        fresh.schedule_step(["x", "y"], [big, big])
+    step = fresh.schedule_step(["x", "y"], [(big - 3) // 2, (big - 3) // 2])
+    assert step.status.tolist() == [0, 0]
+    m.check_invariants()
+
+
 def test_events_evictions_before_stores(Manager: Any) -> None:
     m = Manager(4, 2, enable_events=True)  # 3 usable blocks of 2 tokens
     m.add_request("a", [0, 1, 2, 3, 4, 5], lora=("adapter", "/path"), lora_id=7)

@@ -14,7 +14,7 @@ __version__: str
 
 _BlockIds = npt.NDArray[np.int32]
 _IdsLike = npt.ArrayLike  # numpy integer array, list or any sequence of ints
-_HashesLike = Sequence[bytes] | npt.NDArray[np.integer[Any]]  # ints: 8-byte big-endian
+_HashesLike = BlockHashList | Sequence[bytes] | npt.NDArray[np.integer[Any]]  # ints: 8-byte big-endian
 
 class KVPoolError(Exception):
     """Base class of every error kvpool raises."""
@@ -815,8 +815,9 @@ class GroupManager:
         """
     @property
     def recent_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Prefix-cache statistics over the last 1,000 admitted requests (new ones, and
-        resumed preempted ones in the ``preempted_*`` fields).
+        """Prefix-cache statistics over the last 1,000 new requests admitted (vLLM's
+        ``CachingMetrics`` window, which resumed requests do not enter) and, in the
+        ``preempted_*`` fields, over the last 1,000 resumed ones.
         """
     def set_num_computed_tokens(self, request_id: _RequestId, num_computed_tokens: int) -> None:
         """Rolls the request's computed tokens back to ``num_computed_tokens`` (at most the
@@ -1490,8 +1491,9 @@ class KVCacheManager:
         """Prefix-cache statistics over every lookup since the start (or last reset)."""
     @property
     def recent_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Prefix-cache statistics over the last ``stats_window`` admitted requests (new
-        ones, and resumed preempted ones in the ``preempted_*`` fields).
+        """Prefix-cache statistics over the last ``stats_window`` new requests admitted
+        (vLLM's ``CachingMetrics`` window, which resumed requests do not enter) and, in
+        the ``preempted_*`` fields, over the last ``stats_window`` resumed ones.
         """
     def request_ids(self) -> tuple[_RequestId, ...]:
         """The tracked request ids."""

@@ -16,7 +16,7 @@ use super::convert::{
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
-use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
+use super::eviction_args::{seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::hash_slice_of;
 use super::locking::{try_with_lock, with_lock};
 use super::recycled_ids::RecycledIds;
@@ -560,7 +560,7 @@ impl PyBlockPool {
 
     /// Move a ``clock="manual"`` pool's clock forward by ``seconds`` (>= 0).
     fn advance_clock(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
-        let seconds = opt_seconds_arg(Some(seconds), "seconds")?.unwrap_or(0.0);
+        let seconds = seconds_arg(seconds, "seconds")?;
         self.with_pool(py, |pool| pool.advance_clock(seconds))
             .py_err(py)
     }

@@ -118,6 +118,18 @@ pub fn opt_seconds_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<O
     Ok(Some(value))
 }
 
+/// A finite number of seconds `obj` must be (`None` is refused, as any non-number).
+pub fn seconds_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    match opt_seconds_arg(Some(obj), what)? {
+        Some(seconds) => Ok(seconds),
+        None => Err(error(
+            obj.py(),
+            ErrorKind::Dtype,
+            format!("{what} must be a number of seconds, got NoneType"),
+        )),
+    }
+}
+
 /// A retention priority and its duration, checked; turned into a
 /// [`BlockPriority`] under the pool's lock, where the clock is read.
 #[derive(Clone, Copy, Debug)]

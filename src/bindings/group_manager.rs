@@ -8,7 +8,7 @@ use pyo3::types::{PyList, PyTuple};
 use super::convert::{ids_to_numpy, int_arg, opt_bool_arg, opt_int_arg};
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
-use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
+use super::eviction_args::{seconds_arg, PolicyArgs, PriorityArg};
 use super::group_tables::{group_ids, group_spec};
 use super::hashing::{algo_arg, extract_extras, seed_arg};
 use super::locking::with_lock;
@@ -195,7 +195,7 @@ impl PyGroupManager {
 
     /// Move a ``clock="manual"`` manager's clock forward by ``seconds`` (>= 0).
     fn advance_clock(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
-        let seconds = opt_seconds_arg(Some(seconds), "seconds")?.unwrap_or(0.0);
+        let seconds = seconds_arg(seconds, "seconds")?;
         self.with_manager(py, |m| m.advance_clock(seconds))
             .py_err(py)
     }
@@ -503,8 +503,9 @@ impl PyGroupManager {
         super::manager::stats_to_py(py, &stats)
     }
 
-    /// Prefix-cache statistics over the last 1,000 admitted requests (new ones, and
-    /// resumed preempted ones in the ``preempted_*`` fields).
+    /// Prefix-cache statistics over the last 1,000 new requests admitted (vLLM's
+    /// ``CachingMetrics`` window, which resumed requests do not enter) and, in the
+    /// ``preempted_*`` fields, over the last 1,000 resumed ones.
     #[getter]
     fn recent_prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let stats = self.with_manager(py, |m| m.recent_prefix_cache_stats());

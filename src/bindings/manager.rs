@@ -13,7 +13,7 @@ use super::convert::{
 };
 use super::errors::{error, ErrorKind, IntoPyResult};
 use super::events::events_to_py;
-use super::eviction_args::{opt_seconds_arg, PolicyArgs, PriorityArg};
+use super::eviction_args::{seconds_arg, PolicyArgs, PriorityArg};
 use super::hashing::{algo_arg, extract_extras, seed_arg, PyBlockHashList};
 use super::locking::{init_once, with_detached, with_lock};
 use super::recycled_ids::RecycledIds;
@@ -275,7 +275,7 @@ impl PyKVCacheManager {
 
     /// Move a ``clock="manual"`` manager's clock forward by ``seconds`` (>= 0).
     fn advance_clock(&self, py: Python<'_>, seconds: &Bound<'_, PyAny>) -> PyResult<()> {
-        let seconds = opt_seconds_arg(Some(seconds), "seconds")?.unwrap_or(0.0);
+        let seconds = seconds_arg(seconds, "seconds")?;
         self.with_manager(py, |m| m.advance_clock(seconds))
             .py_err(py)
     }
@@ -688,8 +688,9 @@ impl PyKVCacheManager {
         stats_to_py(py, &stats)
     }
 
-    /// Prefix-cache statistics over the last ``stats_window`` admitted requests (new
-    /// ones, and resumed preempted ones in the ``preempted_*`` fields).
+    /// Prefix-cache statistics over the last ``stats_window`` new requests admitted
+    /// (vLLM's ``CachingMetrics`` window, which resumed requests do not enter) and, in
+    /// the ``preempted_*`` fields, over the last ``stats_window`` resumed ones.
     #[getter]
     fn recent_prefix_cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let stats = self.with_manager(py, |m| m.recent_prefix_cache_stats());

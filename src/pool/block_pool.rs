@@ -666,12 +666,28 @@ impl BlockPool {
     }
 
     /// Drops the cached hash of each block (in use or not); frees nothing, except
-    /// that a pinned block loses its pin (and the reference the pin held).
+    /// that a pinned block loses its pin (and the reference the pin held). A free
+    /// block keeps its place under LRU; under the other policies it moves to the head.
     pub fn evict_blocks(&mut self, ids: &[u32]) -> PoolResult<()> {
         self.check_ids(ids)?;
+        // Under LRU a free block keeps its place (vLLM's order). Under the other
+        // policies uncached free blocks are reused before any cached one, so a free
+        // block that loses its key joins them at the head, in the order given.
+        let mut uncached_free = Vec::new();
         for &id in ids {
-            self.drop_key(id);
+            if self.drop_key(id).is_some() && self.config.eviction != EvictionPolicy::Lru {
+                let meta = *self.slab.get(id);
+                if meta.ref_cnt == 0
+                    && super::free_queue::Place::of(&meta) == super::free_queue::Place::List
+                {
+                    uncached_free.push(id);
+                }
+            }
         }
+        for &id in &uncached_free {
+            self.queue.remove(&mut self.slab, id);
+        }
+        self.queue.push_front_n(&mut self.slab, &uncached_free);
         self.unpin_evicted(ids);
         Ok(())
     }

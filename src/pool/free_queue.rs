@@ -166,7 +166,8 @@ impl FreeQueue {
     }
 
     /// Puts free block `id`, queued in one of the lists, at the tail of the list its
-    /// policy now assigns it (after its priority changed).
+    /// policy now assigns it (after its priority changed; the caller applied the
+    /// expiries due before changing it).
     pub fn requeue(&mut self, slab: &mut Slab, id: u32) {
         self.lists.unlink_class(slab, id, self.class_of(id));
         self.eviction.on_dequeued(id);
@@ -175,7 +176,12 @@ impl FreeQueue {
     }
 
     /// Moves every free block whose raised priority ran out to the tail of the
-    /// default priority's list, in expiry order. A no-op without pending expiries.
+    /// default priority's list, in expiry order. A no-op without pending expiries
+    /// (one heap peek). Run before every change of the lists (a block joining one, a
+    /// requeue, allocation reaching them), so a block whose priority ran out queues
+    /// ahead of every block that joined the default list after it ran out, and
+    /// applying them at any other moment (`free_block_ids`) changes nothing
+    /// observable.
     pub fn apply_expiries(&mut self, slab: &mut Slab) {
         let lists = &self.lists;
         let due = self.eviction.due_expiries(|id| {
@@ -375,10 +381,21 @@ impl FreeQueue {
             }
             return;
         }
+        self.apply_expiries(slab);
         for &id in ids {
             let class = self.eviction.class_for(id);
             self.lists.push_back(slab, class, id);
         }
+    }
+
+    /// Puts free uncached blocks, out of the queue, at its head: the first given
+    /// becomes the head, as a free call queues uncached blocks.
+    pub fn push_front_n(&mut self, slab: &mut Slab, ids: &[u32]) {
+        for &id in ids.iter().rev() {
+            *slab.get_mut(id) = BlockMeta::stacked(self.stack.len() as u32);
+            self.stack.push(id);
+        }
+        self.stack_live += ids.len() as u32;
     }
 
     /// Takes block `id`, which the caller knows to be free, out of the queue.

@@ -452,6 +452,10 @@ impl StepManager for GroupManager {
         self.requests.get(id).map_or(0, |r| r.seq.num_tokens())
     }
 
+    fn num_computed_of(&self, id: &RequestId) -> usize {
+        self.requests.get(id).map_or(0, |r| r.num_computed_tokens)
+    }
+
     fn is_waiting(&self, id: &RequestId) -> bool {
         let started = self
             .requests

@@ -416,18 +416,18 @@ impl GroupTables {
             call.hashes_from,
             call.block_hashes,
         )?;
-        // The token counts add up without overflow (`allocate_slots` sums them).
-        [
+        // The token counts add up within an int64 (`allocate_slots` sums them, and the
+        // group manager keeps the sum as the request's computed tokens).
+        super::step::token_sum(&[
+            call.num_computed_tokens,
             call.num_new_computed_tokens,
             call.num_external_computed_tokens,
             call.num_new_tokens,
             call.num_lookahead_tokens,
-        ]
-        .iter()
-        .try_fold(call.num_computed_tokens, |sum, &n| sum.checked_add(n))
+        ])
         .ok_or_else(|| {
             PoolError::InvalidArgument(
-                "the computed, new and lookahead token counts add up past the largest count".into(),
+                "the computed, new and lookahead token counts add up past 2**63 - 1".into(),
             )
         })?;
         if call.num_new_tokens == 0

@@ -439,16 +439,21 @@ impl KVCacheManager {
         if !hits.is_empty() {
             Self::check_new_computed_blocks(pool, request, hits)?;
         }
+        let Some(wanted) = super::step::token_sum(&[
+            request.num_computed_tokens,
+            call.num_new_computed_tokens,
+            call.num_new_tokens,
+            call.num_lookahead_tokens,
+        ]) else {
+            return Err(PoolError::InvalidArgument(
+                "the computed, new and lookahead token counts add up past 2**63 - 1".into(),
+            ));
+        };
         let admitting = request.waiting();
-        // Saturating: absurd counts must make the allocation fail, not wrap around.
-        let num_computed = request
-            .num_computed_tokens
-            .saturating_add(call.num_new_computed_tokens);
+        // Every sum below is at most `wanted`.
+        let num_computed = request.num_computed_tokens + call.num_new_computed_tokens;
         let num_tokens = request.seq.num_tokens();
-        let need = num_computed
-            .saturating_add(call.num_new_tokens)
-            .saturating_add(call.num_lookahead_tokens)
-            .min(max_model_len);
+        let need = wanted.min(max_model_len);
         let required_blocks = need.div_ceil(block_size);
         let held = request.blocks.len();
         if super::slots::blocks_to_allocate(pool, required_blocks, held, hits)
@@ -469,7 +474,7 @@ impl KVCacheManager {
             request.num_cached_blocks = request.blocks.len();
         }
         request.blocks.extend_from_slice(&out[start..]);
-        request.num_computed_tokens = num_computed.saturating_add(call.num_new_tokens);
+        request.num_computed_tokens = num_computed + call.num_new_tokens;
         request.seq.start_with(num_computed);
         if pool.config().enable_caching {
             if admitting {
@@ -482,9 +487,7 @@ impl KVCacheManager {
             Self::cache_blocks(
                 pool,
                 request,
-                num_computed
-                    .saturating_add(call.num_new_tokens)
-                    .min(num_tokens),
+                (num_computed + call.num_new_tokens).min(num_tokens),
             )?;
         }
         Ok(true)

@@ -72,5 +72,5 @@ pub use request_id::{RequestId, RequestKey, RequestLookup};
 pub use retention::{reachable_block_mask, replay_boundary};
 pub use slab::{BlockMeta, Slab, NIL};
 pub use stats::PrefixCacheStats;
-pub use step::{StepLimits, StepOutcome, StepRequest, StepStatus};
+pub use step::{StepLimits, StepOutcome, StepRequest, StepStatus, MAX_TOKEN_COUNT};
 pub use tracker::{ComputedBlocksTracker, Sequence, SequenceExtras, SequenceHasher, TokenIds};

@@ -26,12 +26,13 @@ impl BlockPool {
     pub fn pin_prefix(&mut self, hashes: HashSlice<'_>, group: u32) -> PoolResult<usize> {
         let mut chain = Vec::new();
         self.find_longest_cache_hit(hashes, group, None, &mut chain)?;
-        let mut new = Vec::new();
-        for &id in &chain {
-            if !self.pins.contains(&id) && !new.contains(&id) {
-                new.push(id);
-            }
-        }
+        // Blocks not pinned yet, each once (hashes may repeat): O(chain), not O(chain²).
+        let mut seen = hashbrown::HashSet::with_capacity(chain.len());
+        let new: Vec<u32> = chain
+            .iter()
+            .copied()
+            .filter(|id| !self.pins.contains(id) && seen.insert(*id))
+            .collect();
         let budget = self.config.max_pinned_blocks as usize;
         if self.pins.len() + new.len() > budget {
             return Err(PoolError::PinBudget {
@@ -125,6 +126,9 @@ impl BlockPool {
             )));
         }
         self.check_ids(ids)?;
+        // Expiries due now first (as before every change of the lists), while every
+        // pending one still belongs to the priority it ends.
+        self.queue.apply_expiries(&mut self.slab);
         let now = self.now();
         for &id in ids {
             if self.is_null(id) {

@@ -32,17 +32,20 @@ impl PrefixCacheStats {
     }
 }
 
-/// Statistics and their recent window.
+/// Statistics and their recent windows.
 #[derive(Debug, Default)]
 pub(super) struct StatsRecorder {
     pub(super) all: PrefixCacheStats,
-    /// `(queries, hits, resumed)` of the last `window_len` admitted requests.
-    window: VecDeque<(u64, u64, bool)>,
+    /// `(queries, hits)` of the last `window_len` new requests admitted: vLLM's
+    /// `CachingMetrics` window, which resumed requests do not enter.
+    new: VecDeque<(u64, u64)>,
+    /// The same for the last `window_len` resumed (preempted) requests.
+    resumed: VecDeque<(u64, u64)>,
     window_len: usize,
 }
 
 impl StatsRecorder {
-    /// Empty statistics with a window over the last `window_len` admitted requests.
+    /// Empty statistics with windows over the last `window_len` new and resumed requests.
     pub(super) fn new(window_len: usize) -> Self {
         Self {
             window_len,
@@ -52,11 +55,16 @@ impl StatsRecorder {
 
     /// Counts an admitted request; a resumed (preempted) one apart, as vLLM does.
     pub(super) fn record(&mut self, queries: u64, hits: u64, preempted: bool) {
+        let window = if preempted {
+            &mut self.resumed
+        } else {
+            &mut self.new
+        };
         if self.window_len > 0 {
-            if self.window.len() == self.window_len {
-                self.window.pop_front();
+            if window.len() == self.window_len {
+                window.pop_front();
             }
-            self.window.push_back((queries, hits, preempted));
+            window.push_back((queries, hits));
         }
         if preempted {
             self.all.preempted_requests += 1;
@@ -69,25 +77,29 @@ impl StatsRecorder {
         self.all.hits += hits;
     }
 
-    /// The statistics of the window: new and resumed requests, each in their fields.
+    /// The statistics of the windows: new and resumed requests, each in their fields.
     pub(super) fn recent(&self) -> PrefixCacheStats {
-        let mut s = PrefixCacheStats::default();
-        for &(q, h, resumed) in &self.window {
-            if resumed {
-                s.preempted_requests += 1;
-                s.preempted_queries += q;
-                s.preempted_hits += h;
-            } else {
-                s.requests += 1;
-                s.queries += q;
-                s.hits += h;
-            }
+        let sum = |w: &VecDeque<(u64, u64)>| {
+            w.iter()
+                .fold((w.len() as u64, 0, 0), |(n, q, h), &(dq, dh)| {
+                    (n, q + dq, h + dh)
+                })
+        };
+        let (requests, queries, hits) = sum(&self.new);
+        let (preempted_requests, preempted_queries, preempted_hits) = sum(&self.resumed);
+        PrefixCacheStats {
+            requests,
+            queries,
+            hits,
+            preempted_requests,
+            preempted_queries,
+            preempted_hits,
         }
-        s
     }
 
     pub(super) fn clear(&mut self) {
         self.all = PrefixCacheStats::default();
-        self.window.clear();
+        self.new.clear();
+        self.resumed.clear();
     }
 }

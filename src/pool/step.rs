@@ -101,6 +101,19 @@ pub(super) enum Attempt {
 }
 
 /// The per-request part of a step, provided by each manager.
+/// The largest token count a request may reach (computed, scheduled or held): counts
+/// cross to Python as `int64`, so a call that would take one past `2**63 - 1` is refused
+/// before it changes anything, instead of saturating or wrapping negative in a getter.
+pub const MAX_TOKEN_COUNT: usize = i64::MAX as usize;
+
+/// `counts` added up, or `None` past [`MAX_TOKEN_COUNT`].
+pub(super) fn token_sum(counts: &[usize]) -> Option<usize> {
+    counts
+        .iter()
+        .try_fold(0usize, |sum, &n| sum.checked_add(n))
+        .filter(|&sum| sum <= MAX_TOKEN_COUNT)
+}
+
 pub(super) trait StepManager {
     /// KV-cache groups per request table.
     fn num_groups(&self) -> usize;
@@ -123,6 +136,8 @@ pub(super) trait StepManager {
     fn preempt_request(&mut self, id: &RequestId) -> PoolResult<()>;
     /// The tokens known request `id` has (computed and prefix-hit tokens are at most this).
     fn num_tokens_of(&self, id: &RequestId) -> usize;
+    /// The known request's computed tokens.
+    fn num_computed_of(&self, id: &RequestId) -> usize;
     /// An estimate of the new block ids `step` may add (at most the pool's size), to
     /// reserve their room once instead of growing it by doubling; 0 for no estimate.
     fn new_blocks_hint(&self, _step: &[StepRequest<'_>]) -> usize {
@@ -144,14 +159,19 @@ pub(super) fn run_step<M: StepManager>(
     }
     // Each request's counts add up (its tokens bound the computed and hit ones), checked
     // here so that a step that would fail on them fails before any request is scheduled.
+    // Bounded by every new and lookahead token of the step, as a request listed twice
+    // (without preemption) is scheduled twice; a hit is at most the request's tokens.
+    let step_tokens = step
+        .iter()
+        .try_fold(0usize, |sum, r| {
+            token_sum(&[sum, r.num_new_tokens, r.num_lookahead_tokens])
+        })
+        .unwrap_or(usize::MAX);
     if let Some(r) = step.iter().find(|r| {
-        m.num_tokens_of(r.id)
-            .checked_add(r.num_new_tokens)
-            .and_then(|n| n.checked_add(r.num_lookahead_tokens))
-            .is_none()
+        token_sum(&[m.num_tokens_of(r.id), m.num_computed_of(r.id), step_tokens]).is_none()
     }) {
         return Err(PoolError::InvalidArgument(format!(
-            "request {}: its tokens, new tokens and lookahead tokens add up past the largest count",
+            "request {}: its tokens and computed tokens and the step's new and lookahead tokens add up past 2**63 - 1",
             r.id
         )));
     }
@@ -175,7 +195,7 @@ pub(super) fn run_step<M: StepManager>(
     out.block_ids.reserve(m.new_blocks_hint(step));
     out.offsets.push(out.block_ids.len());
     out.hit_offsets.push(out.hit_block_ids.len());
-    let mut budget = limits.token_budget.unwrap_or(usize::MAX);
+    let mut budget = limits.token_budget.unwrap_or(MAX_TOKEN_COUNT);
     let cap = limits.max_num_requests.unwrap_or(usize::MAX);
     let (mut num_scheduled, mut stopped, mut preempted_any) = (0, false, false);
     let mut preempted: Vec<bool> = Vec::new();
@@ -263,6 +283,10 @@ impl StepManager for KVCacheManager {
 
     fn num_tokens_of(&self, id: &RequestId) -> usize {
         self.requests.get(id).map_or(0, |r| r.seq.num_tokens())
+    }
+
+    fn num_computed_of(&self, id: &RequestId) -> usize {
+        self.requests.get(id).map_or(0, |r| r.num_computed_tokens)
     }
 
     fn is_waiting(&self, id: &RequestId) -> bool {

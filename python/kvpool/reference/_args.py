@@ -201,9 +201,20 @@ def as_hash(value: Any, name: str) -> bytes:
 
 def as_hash_list(values: Any, name: str) -> list[bytes]:
     """A sequence of ``bytes`` (not one ``bytes``), as a list; else ``DtypeError``. Widths are
-    not checked here."""
+    not checked here. A 1-D numpy integer array holds hash ids (a trace's ``hash_ids``): each
+    stands for its 8-byte big-endian form, and must be ``>= 0``."""
+    if isinstance(values, np.ndarray):
+        return [v.to_bytes(8, "big") for v in _hash_ids(as_int_list(values, "block hashes"))]
     items = as_sequence(values, f"{name} must be a sequence of bytes, got {type(values).__name__}")
     return [as_hash(v, name) for v in items]
+
+
+def _hash_ids(ids: list[int]) -> list[int]:
+    """Hash ids, which must be ``>= 0`` (``InvalidArgumentError``)."""
+    negative = next((v for v in ids if v < 0), None)
+    if negative is not None:
+        raise InvalidArgumentError(f"block hashes as integers must be >= 0, got {negative}")
+    return ids
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ policy decides which. Each policy keeps the cached free blocks in LRU lists (*cl
 * ``"lru"``: one list, vLLM's order (the pool then uses :class:`FreeQueue` directly).
 * ``"priority"``: one list per retention priority ``0..=100``; the lowest non-empty priority goes
   first. A priority with a duration reverts to the default (35) when it runs out: a free block
-  whose priority ran out moves to the tail of the default list, in expiry order, the next time
-  allocation reaches the lists or ``free_block_ids`` is read.
+  whose priority ran out moves to the tail of the default list, in expiry order, before the
+  lists next change (blocks join them, a priority changes, allocation reaches them), so it queues
+  ahead of every block that joined the default list after it ran out; ``free_block_ids`` shows
+  them applied, which changes nothing observable.
 * ``"adaptive"``: two bands by use count; a block freed after one use joins band 0 with credit
   ``t``, one used by two or more requests band 1 with credit ``t + ADAPTIVE_HORIZON`` (``t``
   counts the cached blocks freed so far); the band head with the lower credit goes first (band 0
@@ -232,7 +234,10 @@ class PolicyQueue:
         self._front.prepend(block_ids)
 
     def extend(self, block_ids: Sequence[int]) -> None:
-        """Freed cached blocks, each at the tail of its class, in the order given."""
+        """Freed cached blocks, each at the tail of its class, in the order given (after the
+        expiries due now, as before every change of the lists)."""
+        if self.policy == "priority":
+            self.apply_expiries()
         for block_id in block_ids:
             self._enqueue(block_id)
 
@@ -305,7 +310,8 @@ class PolicyQueue:
             self._enqueue(block_id)
 
     def requeue(self, block_id: int) -> None:
-        """A free cached block whose priority changed moves to the tail of its new class."""
+        """A free cached block whose priority changed moves to the tail of its new class (the
+        caller applied the expiries due before changing it)."""
         self._lists[self._class_of[block_id]].remove(block_id)
         self._dequeued(block_id)
         self._enqueue(block_id)

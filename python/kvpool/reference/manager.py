@@ -185,7 +185,9 @@ class KVCacheManager:
         self._requests: dict[RequestId, _Request] = {}
         self._stats = PrefixCacheStats(0, 0, 0, 0)
         self._window_len = DEFAULT_STATS_WINDOW if window is None else window
-        self._window: deque[tuple[int, int, bool]] = deque()  # (queries, hits, resumed) of recent admissions
+        # (queries, hits) of the last new and of the last resumed requests admitted
+        self._new_window: deque[tuple[int, int]] = deque()
+        self._resumed_window: deque[tuple[int, int]] = deque()
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -451,10 +453,11 @@ class KVCacheManager:
     def _record(self, queries: int, hits: int, preempted: bool) -> None:
         """Count an admitted request (vLLM 0.33 records at admission), resumed ones apart."""
         s = self._stats
+        window = self._resumed_window if preempted else self._new_window
         if self._window_len > 0:
-            if len(self._window) == self._window_len:
-                self._window.popleft()
-            self._window.append((queries, hits, preempted))
+            if len(window) == self._window_len:
+                window.popleft()
+            window.append((queries, hits))
         if preempted:
             self._stats = PrefixCacheStats(
                 s.requests, s.queries, s.hits,
@@ -479,10 +482,10 @@ class KVCacheManager:
 
     @property
     def recent_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Statistics over the last ``stats_window`` admitted requests, new ones and resumed
-        (preempted) ones each in their fields."""
-        new = [(q, h) for q, h, resumed in self._window if not resumed]
-        old = [(q, h) for q, h, resumed in self._window if resumed]
+        """Statistics over the last ``stats_window`` new requests admitted (vLLM's
+        ``CachingMetrics`` window, which resumed requests do not enter) and, in the preempted
+        fields, over the last ``stats_window`` resumed (preempted) ones."""
+        new, old = self._new_window, self._resumed_window
         return PrefixCacheStats(
             requests=len(new),
             queries=sum(q for q, _ in new),
@@ -529,6 +532,8 @@ class KVCacheManager:
             )
         if hits:
             self._check_hits(request, hits)
+        if request.num_computed_tokens + num_hit + num_new + lookahead > I64_MAX:
+            raise InvalidArgumentError("the computed, new and lookahead token counts add up past 2**63 - 1")
 
         admitting, preempted = request.waiting, request.num_preemptions > 0
         num_computed = request.num_computed_tokens + num_hit
@@ -632,11 +637,14 @@ class KVCacheManager:
         if may_preempt and len(set(rids)) < len(rids):
             dup = next(r for i, r in enumerate(rids) if r in rids[:i])
             raise InvalidArgumentError(f"request {dup} appears twice in a step with preemption")
-        for rid, request, wanted, lookahead in zip(rids, requests, budgets, lookaheads):
-            # Counts the Rust core holds in 64 bits: refused before any request is scheduled.
-            if len(request.tokens) + wanted + lookahead > 2**64 - 1:
+        # Token counts cross as int64: refused before any request is scheduled. The bound takes
+        # every new and lookahead token of the step (a request listed twice is scheduled twice).
+        step_tokens = sum(budgets) + sum(lookaheads)
+        for rid, request in zip(rids, requests):
+            if len(request.tokens) + request.num_computed_tokens + step_tokens > I64_MAX:
                 raise InvalidArgumentError(
-                    f"request {rid!r}: its tokens, new tokens and lookahead tokens add up past the largest count")
+                    f"request {rid!r}: its tokens and computed tokens and the step's new and lookahead tokens "
+                    "add up past 2**63 - 1")
 
         left = I64_MAX if budget is None else budget
         cap = I64_MAX if cap is None else cap
@@ -779,7 +787,8 @@ class KVCacheManager:
         if not self.pool.reset_prefix_cache():
             return False
         self._stats = PrefixCacheStats(0, 0, 0, 0)
-        self._window.clear()
+        self._new_window.clear()
+        self._resumed_window.clear()
         for request in self._requests.values():
             request.num_cached_blocks = 0
         return True

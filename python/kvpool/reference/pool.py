@@ -477,7 +477,7 @@ class BlockPool:
         num_cached_blocks: int,
         num_full_blocks: int,
         *,
-        group_id: int = 0,
+        group_id: int | None = 0,
         token_ids: Any = None,
         lora_id: int | None = None,
         lora_name: str | None = None,
@@ -514,7 +514,7 @@ class BlockPool:
         name = as_opt_str_arg(lora_name, "lora_name")
         num_cached = as_int_arg(num_cached_blocks, "num_cached_blocks")
         num_full = as_int_arg(num_full_blocks, "num_full_blocks")
-        group = as_int_arg(group_id, "group_id")
+        group = as_opt_int_arg(group_id, "group_id") or 0
         lora = as_opt_int_arg(lora_id, "lora_id")
         ids = as_int_list(block_ids, "block_ids")
         hashes = as_hash_list(block_hashes, "block_hashes")
@@ -588,14 +588,14 @@ class BlockPool:
             )
         )
 
-    def get_cached_block(self, block_hash: bytes, group_id: int = 0) -> int | None:
+    def get_cached_block(self, block_hash: bytes, group_id: int | None = 0) -> int | None:
         """The first-inserted block still cached under ``(block_hash, group_id)``, or ``None``.
 
         Raises ``DtypeError`` unless ``block_hash`` is bytes, ``InvalidArgumentError`` for a
         group id outside ``0..2**32`` and ``HashWidthError`` for a bad width. Changes nothing.
         """
         h = as_hash(block_hash, "block_hash")
-        group = as_int_arg(group_id, "group_id")
+        group = as_opt_int_arg(group_id, "group_id") or 0
         check_range(group, "group_id", 0, MAX_GROUP_ID)
         self._check_hash_widths([h])
         entry = self._prefix_map.get((h, group))
@@ -607,7 +607,7 @@ class BlockPool:
         self,
         block_hashes: Any,
         *,
-        group_id: int = 0,
+        group_id: int | None = 0,
         max_blocks: int | None = None,
     ) -> npt.NDArray[Any]:
         """The cached blocks of the longest prefix of ``block_hashes[:max_blocks]`` (int32 ids).
@@ -617,7 +617,7 @@ class BlockPool:
         (``InvalidArgumentError``). Changes nothing, reference counts included.
         """
         hashes = as_hash_list(block_hashes, "block_hashes")
-        group = as_int_arg(group_id, "group_id")
+        group = as_opt_int_arg(group_id, "group_id") or 0
         limit = as_opt_int_arg(max_blocks, "max_blocks")
         check_range(group, "group_id", 0, MAX_GROUP_ID)
         if limit is not None and limit < 0:
@@ -634,17 +634,26 @@ class BlockPool:
     def evict_blocks(self, block_ids: Any) -> None:
         """Drop the hash of each given block that holds one (one ``BlockRemoved`` each, in order).
 
-        Blocks in use stay in use and free blocks keep their place in the free queue; blocks
-        without a hash and the null block are ignored. Raises ``InvalidBlockIdError`` for an id
-        out of range (nothing changes then).
+        Blocks in use stay in use; free blocks keep their place in the free queue under LRU
+        (vLLM's order), while under the other policies, which reuse uncached free blocks before
+        any cached one, they move to the head, in the order given. Blocks without a hash and the
+        null block are ignored. Raises ``InvalidBlockIdError`` for an id out of range (nothing
+        changes then).
         """
         ids = as_int_list(block_ids, "block_ids")
         self._check_ids_in_range(ids)
+        uncached_free = []
         for block_id in ids:
             if self._is_null(block_id):
                 continue
             if self._block_keys[block_id] is not None:
                 self._drop_key(block_id)
+                if self._policy is not None and self._policy.in_lists(block_id):
+                    uncached_free.append(block_id)
+        if self._policy is not None:
+            for block_id in uncached_free:
+                self._policy.remove(block_id)
+            self._policy.prepend(uncached_free)
         unpinned = []
         for block_id in ids:
             if block_id in self._pins:
@@ -737,6 +746,9 @@ class BlockPool:
             raise InvalidArgumentError(
                 f"retention priorities need a pool built with eviction='priority' (this one evicts by {self._eviction})"
             )
+        # Expiries due now first (as before every change of the lists), while every pending one
+        # still belongs to the priority it ends.
+        self._policy.apply_expiries()
         now = self.now
         for block_id in ids:
             if self._is_null(block_id):
@@ -758,15 +770,12 @@ class BlockPool:
             return (DEFAULT_PRIORITY, None)
         return (p.priority, p.expires_at)
 
-    def pin_prefix(self, block_hashes: Any, *, group_id: int = 0) -> int:
+    def pin_prefix(self, block_hashes: Any, *, group_id: int | None = 0) -> int:
         """Pin the blocks of the longest cached prefix of ``block_hashes``: each holds one more
         reference until unpinned, so no policy evicts it. Returns that prefix's length. Raises
         ``PinBudgetError`` (nothing pinned) beyond ``max_pinned_blocks``."""
         chain = [int(b) for b in self.find_longest_cache_hit(block_hashes, group_id=group_id)]
-        new: list[int] = []
-        for block_id in chain:
-            if block_id not in self._pins and block_id not in new:
-                new.append(block_id)
+        new = [b for b in dict.fromkeys(chain) if b not in self._pins]  # each once, in order
         if len(self._pins) + len(new) > self._max_pinned:
             raise PinBudgetError(
                 f"pinning {len(new)} more blocks would exceed the pin budget: "
@@ -779,7 +788,7 @@ class BlockPool:
             self._pins.add(block_id)
         return len(chain)
 
-    def unpin_prefix(self, block_hashes: Any, *, group_id: int = 0) -> int:
+    def unpin_prefix(self, block_hashes: Any, *, group_id: int | None = 0) -> int:
         """Unpin the pinned blocks of the longest cached prefix of ``block_hashes`` (their pin's
         reference is freed, tail first); returns how many were unpinned."""
         chain = [int(b) for b in self.find_longest_cache_hit(block_hashes, group_id=group_id)]
