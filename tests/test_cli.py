@@ -458,6 +458,16 @@ def test_events_listen_refuses_a_bad_endpoint(capsys: pytest.CaptureFixture[str]
     assert status == 2 and "cannot connect" in err
 
 
+def test_events_listen_without_the_wire_extra_says_what_to_install(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``events listen`` needs pyzmq and msgspec (the ``wire`` extra, not a dependency): without
+    them a one-line error naming the extra, not an import traceback."""
+    for module in ("zmq", "msgspec", "kvpool.publisher", "kvpool.wire"):
+        monkeypatch.setitem(sys.modules, module, None)  # what an absent package looks like
+    status, _, err = run(capsys, "events", "listen", "tcp://127.0.0.1:1", "--count", "1")
+    assert status == 2 and "pip install 'kvpool[wire]'" in err
+
+
 def test_simulate_leaves_min_out_where_it_is_no_bound(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """ids reached through different prefixes: the next request holding an id may not hit it,
     so Belady's MIN (which counts on it) is no bound and is left out, with a note."""

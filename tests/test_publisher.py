@@ -247,6 +247,9 @@ def test_events_stats_reads_bytes_hashes_and_keeps_tiers_apart(tmp_path: object)
     ]
     assert all(record_problem(json.loads(json.dumps(r))) is None for r in records)
     assert summarise(records)["cached_at_end"] == 1
+    assert summarise(records)["cached_at_end_by_medium"] == {"GPU": 1}
+    both = records + [{"seq": 2, "events": [{"type": "BlockStored", "block_hashes": [5, 6], "medium": "CPU"}]}]
+    assert summarise(both)["cached_at_end_by_medium"] == {"CPU": 2, "GPU": 1}
     cleared = records + [{"seq": 2, "events": [{"type": "AllBlocksCleared", "medium": "GPU"}]}]
     assert summarise(cleared)["cached_at_end"] == 0
 

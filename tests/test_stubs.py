@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,4 +38,28 @@ def test_stub_docstrings_are_the_extensions() -> None:
     """Every documented item of ``_core.pyi`` carries the compiled module's docstring."""
     result = subprocess.run([sys.executable, "scripts/stub_docstrings.py", "--check"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_documented_examples_type_check(tmp_path: Path) -> None:
+    """The README's and the integration guide's Python examples pass ``mypy --strict``
+    against the stubs, as an engine's code would check them (a ``BlockHashList`` passed as
+    block hashes, the README's first example, was refused by the stubs)."""
+    def examples(doc: str) -> list[str]:
+        blocks = re.findall(r"```python\n(.*?)```", (ROOT / doc).read_text(), re.S)
+        assert blocks, f"{doc} lost its examples"
+        return blocks
+
+    # The README's examples run one after the other (the second uses the first's import);
+    # each of the guide's stands alone.
+    (tmp_path / "readme.py").write_text("\n".join(examples("README.md")))
+    for i, block in enumerate(examples("docs/integration.md")):
+        (tmp_path / f"integration_{i}.py").write_text(block)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--python-version", version, "--no-incremental",
+         "--allow-redefinition", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "MYPYPATH": str(ROOT / "python")},
+    )
     assert result.returncode == 0, result.stdout + result.stderr

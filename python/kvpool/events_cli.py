@@ -49,9 +49,12 @@ def batch_record(seq: int, batch: Any) -> dict[str, Any]:
 
 def cmd_listen(args: argparse.Namespace) -> int:
     """``kvpool events listen``."""
-    from kvpool.publisher import EventListener
-
     from kvpool.cli_common import CliError
+
+    try:
+        from kvpool.publisher import EventListener
+    except ImportError as exc:  # pyzmq and msgspec are the ``wire`` extra
+        raise CliError(f"events listen needs pyzmq and msgspec ({exc}): pip install 'kvpool[wire]'") from None
 
     if args.start is not None and args.replay is None:
         raise CliError("--from needs --replay")
@@ -137,7 +140,9 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
                 cached = {c for c in cached if medium is not None and c[0] != medium}
     return {"batches": len(records), "events": dict(sorted(kinds.items())), "blocks_stored": stored,
             "blocks_removed": removed, "blocks_stored_by_group": dict(sorted(groups.items())),
-            "sequence_gaps": gaps, "cached_at_end": len(cached)}
+            "sequence_gaps": gaps, "cached_at_end": len(cached),
+            "cached_at_end_by_medium": dict(sorted(Counter(
+                "unspecified" if medium is None else str(medium) for medium, _, _ in cached).items()))}
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
