@@ -66,3 +66,18 @@ def test_a_dropped_manager_lets_its_free_queue_view_go() -> None:
     del manager
     gc.collect()
     assert len(_views._QUEUES) == before
+
+
+def test_the_pool_view_looks_a_hash_up_in_each_group_asked_for() -> None:
+    """``block_pool.get_cached_block(hash, group_ids)``: one block per group, or ``None`` if
+    any group misses, as vLLM's pool answers (the one-group view looked in group 0 alone)."""
+    seen = []
+    for manager in managers():
+        req = request("a", list(range(8)))
+        manager.allocate_slots(req, 8)
+        first = req.block_hashes[0]
+        pool = manager.block_pool
+        seen.append([None if found is None else [b.block_id for b in found]
+                     for found in (pool.get_cached_block(first, [0]), pool.get_cached_block(first, [0, 0]),
+                                   pool.get_cached_block(first, [1]), pool.get_cached_block(first, [0, 1]))])
+    assert seen[1] == seen[0] == [[1], [1, 1], None, None]

@@ -82,3 +82,15 @@ def test_an_event_of_a_group_outside_the_layout_is_passed_on() -> None:
         pool.cache_full_blocks(request("a"), pool.get_new_blocks(2), 0, 2, 16, 5)
         seen.append([(type(e).__name__, e.group_idx, e.kv_cache_spec_kind) for e in manager.take_events()])
     assert seen[1] == seen[0] == [("BlockStored", 5, None)]
+
+
+@pytest.mark.parametrize("layout", [
+    [window(16, 64), full(16)], [full(32), window(16, 64)], [window(16, 64), window(16, 32)],
+    [window(16, 32), full(16), full(32)]])
+def test_the_coordinator_names_vllms_full_attention_group(layout: list[Any]) -> None:
+    """Connectors read ``coordinator.full_attention_group_id`` (getattr, default 0) to look
+    hashes up in a full-attention group; kvpool's hybrid coordinator lacked it, so they
+    looked in group 0, a window's group in the first layout."""
+    vllm, ours = managers(layout)
+    assert type(ours.coordinator).__name__ == type(vllm.coordinator).__name__ == "HybridKVCacheCoordinator"
+    assert ours.coordinator.full_attention_group_id == vllm.coordinator.full_attention_group_id

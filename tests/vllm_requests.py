@@ -7,7 +7,7 @@ from typing import Any
 
 
 def make_request(request_id: str, tokens: list[int], block_size: int = 4, *, cache_salt: str | None = None,
-                 max_tokens: int = 17) -> Any:
+                 max_tokens: int = 17, extra_args: dict[str, Any] | None = None) -> Any:
     """A request of ``tokens`` whose block hashes vLLM computes at ``block_size`` tokens."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -15,7 +15,7 @@ def make_request(request_id: str, tokens: list[int], block_size: int = 4, *, cac
     from vllm.v1.request import Request
 
     init_none_hash(sha256)
-    params = SamplingParams(max_tokens=max_tokens)
+    params = SamplingParams(max_tokens=max_tokens, extra_args=extra_args)
     params.update_from_generation_config({}, eos_token_id=100)
     return Request(request_id=request_id, prompt_token_ids=list(tokens), mm_features=None, sampling_params=params,
                    pooling_params=None, lora_request=None, cache_salt=cache_salt,

@@ -223,15 +223,6 @@ class GroupsPoolView(BlockPoolView):
         if self.on_cached is not None:
             self.on_cached(request)
 
-    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
-        found = []
-        for g in kv_cache_group_ids:
-            block = self._pool.get_cached_block(block_hash, g)
-            if block is None:
-                return None
-            found.append(BlockView(self._pool, block))
-        return found
-
 
 class GroupsCoordinatorView:
     """``manager.coordinator``: what the scheduler and tests read of vLLM's coordinator. The
@@ -278,6 +269,14 @@ class GroupsCoordinatorView:
 
 class HybridKVCacheCoordinator(GroupsCoordinatorView):
     """Several groups, prefix caching on."""
+
+    def __init__(self, manager: HybridKVCacheManager, views: tuple[GroupView, ...],
+                 retention_interval: int | None) -> None:
+        super().__init__(manager, views, retention_interval)
+        # The first full-attention group, the dense reference vLLM's coordinator keeps (read by
+        # connectors that look hashes up in one group); None without one.
+        self.full_attention_group_id: int | None = next(
+            (g for g, view in enumerate(views) if isinstance(view.kv_cache_spec, FullAttentionSpec)), None)
 
 
 class UnitaryKVCacheCoordinator(GroupsCoordinatorView):
@@ -362,7 +361,10 @@ class HybridKVCacheManager(ManagerCommon):
                                             lambda blocks: group_ids_of(blocks, n), _WAITING, self.watermark_blocks)
         # The scheduler's per-request calls, bound straight to Rust: no Python frame of
         # kvpool's on them (the methods below document them and delegate alike).
-        self.get_computed_blocks = self._calls.get_computed_blocks  # type: ignore[method-assign]
+        self._group_block_sizes = tuple(s.block_size for s in specs)
+        self.get_computed_blocks = (  # type: ignore[method-assign]
+            self._get_computed_blocks_reporting if enable_kv_cache_events and enable_caching
+            else self._calls.get_computed_blocks)
         self.get_blocks = self._calls.get_blocks  # type: ignore[method-assign]
         self.estimate_cached_tokens = self._calls.estimate_cached_tokens  # type: ignore[method-assign]
         if not enable_kv_cache_events:

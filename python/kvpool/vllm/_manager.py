@@ -27,6 +27,7 @@ from vllm.distributed.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemove
 from vllm.v1.core.kv_cache_utils import (
     generate_block_hash_extra_keys,
     maybe_convert_block_hash,
+    resolve_block_hashes,
     to_event_extra_keys,
 )
 from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
@@ -87,6 +88,31 @@ def is_single_full_group(kv_cache_config: KVCacheConfig) -> bool:
     return len(groups) == 1 and type(groups[0].kv_cache_spec) is FullAttentionSpec
 
 
+def reused_block_stored(request: Request, num_blocks: int, block_size: int, hash_block_size: int,
+                        group_idx: int) -> BlockStored:
+    """vLLM's ``BlockStored`` for the first ``num_blocks`` blocks of ``request`` in a group of
+    ``block_size``-token blocks, reused from the prefix cache (``BlockPool.emit_cached_block_events``)."""
+    hashes = resolve_block_hashes(request.block_hashes, hash_block_size, block_size)
+    extra_keys_list, mm_idx = [], 0
+    for b in range(num_blocks):
+        keys, mm_idx = generate_block_hash_extra_keys(request, b * block_size, (b + 1) * block_size, mm_idx)
+        extra_keys_list.append(keys)
+    lora = request.lora_request
+    return BlockStored(
+        block_hashes=[maybe_convert_block_hash(hashes[b]) for b in range(num_blocks)],
+        parent_block_hash=None,
+        token_ids=request.all_token_ids[:num_blocks * block_size],
+        block_size=block_size,
+        lora_id=lora.adapter_id if lora else None,
+        medium=MEDIUM_GPU,
+        lora_name=lora.name if lora else None,
+        extra_keys=to_event_extra_keys(extra_keys_list),
+        group_idx=group_idx,
+        session_id=request.session_id,
+        lookahead_token_ids=None,
+    )
+
+
 class ManagerCommon:
     """What kvpool's two vLLM managers (one full-attention group, several groups) share: the
     statistics, the event drain and the calls whose answer does not depend on the groups."""
@@ -94,6 +120,9 @@ class ManagerCommon:
     _pool: kvpool.BlockPool
     _tables: kvpool.BlockTables | kvpool.GroupTables
     _events: list[Any]
+    _calls: kvpool.VllmManagerCalls | kvpool.VllmGroupCalls
+    _group_block_sizes: tuple[int, ...]
+    block_pool: BlockPoolView
     log_stats: bool
     enable_caching: bool
     prefix_cache_stats: PrefixCacheStats | None
@@ -104,6 +133,22 @@ class ManagerCommon:
     def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
                             ) -> tuple[KVCacheBlocks, int, int]:
         raise NotImplementedError
+
+    def _get_computed_blocks_reporting(self, request: Request, max_cache_hit_length: int | None = None
+                                       ) -> tuple[KVCacheBlocks, int, int]:
+        """``get_computed_blocks`` with KV events on: a request in vLLM's
+        ``kv_cache_report_mode="full"`` (its sampling ``extra_args``) has its hit announced
+        again, as vLLM's ``emit_cached_block_events`` does on every lookup: one ``BlockStored``
+        per group of the reused blocks, from block 0 (no parent), after the events already
+        queued."""
+        result = self._calls.get_computed_blocks(request, max_cache_hit_length)
+        if result[1] > 0 and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+            self._drain_events()
+            for group, blocks in enumerate(result[0].blocks):
+                if len(blocks):
+                    self._events.append(reused_block_stored(
+                        request, len(blocks), self._group_block_sizes[group], self.block_pool.hash_block_size, group))
+        return result
 
     def _drain_events(self, request: Request | None = None) -> None:
         """Moves the Rust pool's new events into vLLM's event classes, in order. A
@@ -265,7 +310,10 @@ class KVCacheManager(ManagerCommon):
         )
         # The scheduler's per-request calls, bound straight to Rust: no Python frame of
         # kvpool's on them (the methods below document them and delegate alike).
-        self.get_computed_blocks = self._calls.get_computed_blocks  # type: ignore[method-assign]
+        self._group_block_sizes = (spec.block_size,)
+        self.get_computed_blocks = (  # type: ignore[method-assign]
+            self._get_computed_blocks_reporting if enable_kv_cache_events and enable_caching
+            else self._calls.get_computed_blocks)
         self.get_blocks = self._calls.get_blocks  # type: ignore[method-assign]
         self.estimate_cached_tokens = self._calls.estimate_cached_tokens  # type: ignore[method-assign]
         self.free = self._calls.free  # type: ignore[method-assign]

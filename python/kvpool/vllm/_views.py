@@ -347,8 +347,15 @@ class BlockPoolView:
         return self._pool.reset_prefix_cache()
 
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
-        block = self._pool.get_cached_block(block_hash, 0)
-        return None if block is None else [BlockView(self._pool, block)]
+        """The first block cached under ``block_hash`` in each group, or ``None`` if a group
+        misses (it looked in group 0 alone, whatever groups were asked for)."""
+        found = []
+        for g in kv_cache_group_ids:
+            block = self._pool.get_cached_block(block_hash, g)
+            if block is None:
+                return None
+            found.append(BlockView(self._pool, block))
+        return found
 
 
 
