@@ -169,6 +169,16 @@ class PoolComparison(RuleBasedStateMachine):
             assert got == want, f"block_hash({block_id}): subject {got!r}, reference {want!r}"
             got, want = self.subject.block_priority(block_id), self.oracle.block_priority(block_id)
             assert got == want, f"block_priority({block_id}): subject {got!r}, reference {want!r}"
+            got, want = self.subject.block_hash_num_tokens(block_id), self.oracle.block_hash_num_tokens(block_id)
+            assert got == want, f"block_hash_num_tokens({block_id}): subject {got!r}, reference {want!r}"
+        # The free queue walked from cursors (vLLM's iter_blocks_after): from the head, from
+        # free blocks in each part of the queue, and from a block in use (nothing after it).
+        order = self.oracle.free_block_ids().tolist()
+        in_use = [b for b in range(self.num_blocks) if b not in order][:1]
+        for cursor in [None, *order[:2], *order[len(order) // 2:][:1], *order[-2:], *in_use]:
+            for max_blocks in (0, 2, self.num_blocks):
+                got, want = (pool.free_block_ids_after(cursor, max_blocks) for pool in (self.subject, self.oracle))
+                assert normalize(got) == normalize(want), f"free_block_ids_after({cursor}, {max_blocks})"
         for name in ("max_pending_events", "num_pending_events", "num_dropped_events"):
             assert getattr(self.subject, name) == getattr(self.oracle, name), name
         got_events, want_events = self.subject.take_events(), self.oracle.take_events()
@@ -518,6 +528,9 @@ class PoolComparison(RuleBasedStateMachine):
         block_id = data.draw(st.integers(-1, self.num_blocks), label="id")
         self.call("ref_count", block_id)
         self.call("block_hash", block_id)
+        self.call("block_hash_num_tokens", block_id)
+        self.call("extra_block_hashes", block_id)
+        self.call("free_block_ids_after", block_id, data.draw(st.integers(-1, 3), label="max_blocks"))
 
 
 def make_machine(subject_cls: type, oracle_cls: type = ReferencePool) -> type[PoolComparison]:

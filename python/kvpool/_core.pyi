@@ -164,9 +164,10 @@ class BlockPool:
         ``max_blocks``); the scan stops at the first miss. Changes nothing.
         """
     def _set_block_hash(self, block_id: int, block_hash: bytes | None, group_id: int | None = None, *,
-                        requeue: bool = False) -> None:
+                        requeue: bool = False, num_tokens: int | None = None) -> None:
         """Give block ``block_id`` the key ``(block_hash, group_id)``, or take its key away
-        (``block_hash=None``), where it is: no event, no move in the free queue. With
+        (``block_hash=None``), where it is: no event, no move in the free queue;
+        ``num_tokens`` is what ``block_hash_num_tokens`` then reads (None: unknown). With
         ``requeue=True`` a free block without a key is instead taken from the free queue,
         keyed and freed again (to the queue's tail), all checks first. For
         ``kvpool.vllm``'s view of vLLM's ``cached_block_hash_to_block`` dict, which vLLM's
@@ -251,6 +252,28 @@ class BlockPool:
         """
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
         """Block ``block_id``'s cached ``(hash, group_id)``, or None."""
+    def block_hash_num_tokens(self, block_id: int) -> int | None:
+        """The length of the sequence block ``block_id``'s key covers (vLLM's
+        ``KVCacheBlock.block_hash_num_tokens``): the block's end position in its chain
+        (``(num_cached_blocks + i + 1) * block_size`` as ``cache_full_blocks`` cached
+        it), or None while it holds no key.
+        """
+    def extra_block_hashes(self, block_id: int) -> list[tuple[bytes, int]]:
+        """Block ``block_id``'s keys beyond its primary one (``block_hash``), as
+        ``(hash, group_id)`` in the order they were added: the partial-block entries of
+        groups whose blocks are larger than the hash granularity (vLLM's
+        ``BlockPool.cached_block_hashes_by_block``). Empty for most blocks.
+        """
+    def blocks_with_extra_hashes(self) -> _BlockIds:
+        """The blocks that hold keys beyond their primary one (see
+        ``extra_block_hashes``), in id order.
+        """
+    def free_block_ids_after(self, cursor: int | None, max_blocks: int) -> _BlockIds:
+        """At most ``max_blocks`` free block ids after block ``cursor`` in the free queue,
+        head to tail (from the head when ``cursor`` is None; none when ``cursor`` is not
+        free): vLLM's ``FreeKVCacheBlockQueue.iter_blocks_after``, in batches. Costs
+        O(``max_blocks``) under LRU from a cached free block.
+        """
     def check_invariants(self) -> None:
         """Walk the whole structure; raise ``InvariantError`` listing every broken invariant."""
     def set_priority(self, block_ids: _IdsLike, priority: int, *, retention_s: float | None = None) -> None:

@@ -621,12 +621,13 @@ impl PyBlockPool {
     }
 
     /// Give block ``block_id`` the key ``(block_hash, group_id)``, or take its key away
-    /// (``block_hash=None``), where it is: no event, no move in the free queue. With
+    /// (``block_hash=None``), where it is: no event, no move in the free queue;
+    /// ``num_tokens`` is what ``block_hash_num_tokens`` then reads (None: unknown). With
     /// ``requeue=True`` a free block without a key is instead taken from the free queue,
     /// keyed and freed again (to the queue's tail), all checks first. For
     /// ``kvpool.vllm``'s view of vLLM's ``cached_block_hash_to_block`` dict, which vLLM's
     /// tests edit; not for engines.
-    #[pyo3(signature = (block_id, block_hash, group_id=None, *, requeue=false))]
+    #[pyo3(signature = (block_id, block_hash, group_id=None, *, requeue=false, num_tokens=None))]
     fn _set_block_hash(
         &self,
         py: Python<'_>,
@@ -634,9 +635,11 @@ impl PyBlockPool {
         block_hash: Option<&Bound<'_, PyAny>>,
         group_id: Option<&Bound<'_, PyAny>>,
         requeue: bool,
+        num_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let id = self.one_id(block_id)?;
         let group = opt_int_arg(group_id, "group_id", 0, u32::MAX as i64)?.unwrap_or(0) as u32;
+        let tokens = opt_int_arg(num_tokens, "num_tokens", 1, u32::MAX as i64)?.unwrap_or(0) as u32;
         let key = match block_hash.filter(|h| !h.is_none()) {
             None => None,
             Some(h) => {
@@ -652,8 +655,8 @@ impl PyBlockPool {
             }
         };
         self.with_pool(py, |pool| match key {
-            Some(key) if requeue => pool.insert_block_key(id, key),
-            key => pool.set_block_key(id, key),
+            Some(key) if requeue => pool.insert_block_key(id, key, tokens),
+            key => pool.set_block_key(id, key, tokens),
         })
         .py_err(py)
     }
@@ -834,16 +837,66 @@ impl PyBlockPool {
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let id = self.one_id(block_id)?;
         let key = self.with_pool(py, |pool| pool.block_hash(id)).py_err(py)?;
-        key.map(|k| {
-            PyTuple::new(
-                py,
-                [
-                    PyBytes::new(py, k.hash.as_bytes()).into_any(),
-                    k.group.into_pyobject(py)?.into_any(),
-                ],
-            )
-        })
-        .transpose()
+        key.map(|k| key_tuple(py, &k)).transpose()
+    }
+
+    /// The length of the sequence block ``block_id``'s key covers (vLLM's
+    /// ``KVCacheBlock.block_hash_num_tokens``): the block's end position in its chain
+    /// (``(num_cached_blocks + i + 1) * block_size`` as ``cache_full_blocks`` cached
+    /// it), or None while it holds no key.
+    fn block_hash_num_tokens(
+        &self,
+        py: Python<'_>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u32>> {
+        let id = self.one_id(block_id)?;
+        self.with_pool(py, |pool| pool.block_hash_num_tokens(id))
+            .py_err(py)
+    }
+
+    /// Block ``block_id``'s keys beyond its primary one (``block_hash``), as
+    /// ``(hash, group_id)`` in the order they were added: the partial-block entries of
+    /// groups whose blocks are larger than the hash granularity (vLLM's
+    /// ``BlockPool.cached_block_hashes_by_block``). Empty for most blocks.
+    fn extra_block_hashes<'py>(
+        &self,
+        py: Python<'py>,
+        block_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let id = self.one_id(block_id)?;
+        let keys = self
+            .with_pool(py, |pool| pool.extra_block_keys(id))
+            .py_err(py)?;
+        keys.iter().map(|k| key_tuple(py, k)).collect()
+    }
+
+    /// The blocks that hold keys beyond their primary one (see
+    /// ``extra_block_hashes``), in id order.
+    fn blocks_with_extra_hashes<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let ids = self.with_pool(py, |pool| pool.blocks_with_extra_keys());
+        ids_to_numpy(py, &ids)
+    }
+
+    /// At most ``max_blocks`` free block ids after block ``cursor`` in the free queue,
+    /// head to tail (from the head when ``cursor`` is None; none when ``cursor`` is not
+    /// free): vLLM's ``FreeKVCacheBlockQueue.iter_blocks_after``, in batches. Costs
+    /// O(``max_blocks``) under LRU from a cached free block.
+    #[pyo3(signature = (cursor, max_blocks))]
+    fn free_block_ids_after<'py>(
+        &self,
+        py: Python<'py>,
+        cursor: Option<&Bound<'py, PyAny>>,
+        max_blocks: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let cursor = match cursor.filter(|c| !c.is_none()) {
+            Some(c) => Some(self.one_id(c)?),
+            None => None,
+        };
+        let max = int_arg(max_blocks, "max_blocks", 0, i64::MAX)? as usize;
+        let mut out = Vec::new();
+        self.with_pool(py, |pool| pool.free_block_ids_after(cursor, max, &mut out))
+            .py_err(py)?;
+        Ok(ids_to_numpy(py, &out))
     }
 
     /// Walk the whole structure; raise ``InvariantError`` listing every broken invariant.
@@ -911,4 +964,15 @@ impl ChainArg {
     pub fn hashes(&self) -> HashSlice<'_> {
         self.flat.slice()
     }
+}
+
+/// A key as Python's ``(hash bytes, group_id)``.
+fn key_tuple<'py>(py: Python<'py>, key: &pool::BlockHashKey) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(
+        py,
+        [
+            PyBytes::new(py, key.hash.as_bytes()).into_any(),
+            key.group.into_pyobject(py)?.into_any(),
+        ],
+    )
 }

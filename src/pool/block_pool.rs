@@ -523,7 +523,13 @@ impl BlockPool {
                 });
             }
             let hash = block_hashes.block_hash(num_cached_blocks + i);
-            let slot = self.map.insert(BlockHashKey::new(hash, call.group), id);
+            // The block's end position in its chain (vLLM's block_hash_num_tokens);
+            // a sequence past u32::MAX tokens reads u32::MAX.
+            let tokens = (num_cached_blocks + i + 1).saturating_mul(block_size);
+            let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
+            let slot = self
+                .map
+                .insert(BlockHashKey::new(hash, call.group), id, tokens);
             self.slab.get_mut(id).key_slot = slot;
         }
         // Only once every block is in: a refused call leaves the policy untouched.
@@ -696,15 +702,16 @@ impl BlockPool {
     /// `cached_block_hash_to_block` dict does (`kvpool.vllm`'s stand-in pool): a block
     /// in use keeps its place; a free one is taken out of the free queue, keyed and
     /// freed again, so it goes to the queue's tail with its key, as freeing a cached
-    /// block puts it. Every check comes first: a refused call changes nothing.
-    pub fn insert_block_key(&mut self, id: u32, key: BlockHashKey) -> PoolResult<()> {
+    /// block puts it. `tokens` as for [`Self::set_block_key`]. Every check comes
+    /// first: a refused call changes nothing.
+    pub fn insert_block_key(&mut self, id: u32, key: BlockHashKey, tokens: u32) -> PoolResult<()> {
         let meta = self.keyable_block(id)?;
         self.check_new_key(id, &meta, &key)?;
         if meta.ref_cnt > 0 {
-            return self.set_block_key(id, Some(key));
+            return self.set_block_key(id, Some(key), tokens);
         }
         self.touch(&[id])?;
-        self.set_block_key(id, Some(key))?;
+        self.set_block_key(id, Some(key), tokens)?;
         self.free_blocks(&[id])
     }
 
@@ -741,8 +748,14 @@ impl BlockPool {
     /// `cached_block_hash_to_block` dict does, which vLLM's own tests do to fake an
     /// eviction and undo it (`kvpool.vllm`'s views). A key goes only to a block
     /// without one that is in use or free in the queue's list; an uncached free block
-    /// (on the queue's stack or fresh) has no place for one.
-    pub fn set_block_key(&mut self, id: u32, key: Option<BlockHashKey>) -> PoolResult<()> {
+    /// (on the queue's stack or fresh) has no place for one. `tokens` is the length of
+    /// the sequence the key covers ([`Self::block_hash_num_tokens`]; 0: unknown).
+    pub fn set_block_key(
+        &mut self,
+        id: u32,
+        key: Option<BlockHashKey>,
+        tokens: u32,
+    ) -> PoolResult<()> {
         let meta = self.keyable_block(id)?;
         let Some(key) = key else {
             if meta.key_slot != NIL {
@@ -764,7 +777,7 @@ impl BlockPool {
                 reason: "is free and uncached: it has no place in the queue for a key",
             });
         }
-        let slot = self.map.insert(key, id);
+        let slot = self.map.insert(key, id, tokens);
         self.slab.get_mut(id).key_slot = slot;
         if meta.ref_cnt > 0 {
             // A free block keeps its policy state: its list depends on it.
@@ -907,6 +920,37 @@ impl BlockPool {
         self.check_ids(&[id])?;
         let slot = self.slab.get(id).key_slot;
         Ok((slot != NIL).then(|| *self.map.key_at(slot)))
+    }
+
+    /// The length of the sequence block `id`'s key covers (vLLM's
+    /// `KVCacheBlock.block_hash_num_tokens`): its end position in its chain, or the
+    /// boundary of a partial entry. `None` while the block holds no key, or when the
+    /// key was given without a count (`set_block_key`).
+    pub fn block_hash_num_tokens(&self, id: u32) -> PoolResult<Option<u32>> {
+        self.check_ids(&[id])?;
+        let slot = self.slab.get(id).key_slot;
+        Ok((slot != NIL)
+            .then(|| self.map.tokens_at(slot))
+            .filter(|&t| t > 0))
+    }
+
+    /// The free queue after block `cursor`, head to tail (from the head when `None`;
+    /// nothing when `cursor` is not free), at most `max` ids appended to `out`: vLLM's
+    /// `FreeKVCacheBlockQueue.iter_blocks_after`, which offloading connectors walk in
+    /// steps. O(max) under LRU from a cached block; otherwise also O(position of
+    /// `cursor`). Expiries due are applied first, as for every read of the order.
+    pub fn free_block_ids_after(
+        &mut self,
+        cursor: Option<u32>,
+        max: usize,
+        out: &mut Vec<u32>,
+    ) -> PoolResult<()> {
+        if let Some(cursor) = cursor {
+            self.check_ids(&[cursor])?;
+        }
+        self.apply_expiries();
+        self.queue.ids_after(&self.slab, cursor, max, out);
+        Ok(())
     }
 }
 

@@ -444,6 +444,28 @@ impl FreeQueue {
         stack.chain(fresh).chain(self.list_order(slab))
     }
 
+    /// The queued ids after `cursor`, head to tail (from the head when `cursor` is
+    /// `None`; nothing when `cursor` is not queued), at most `max`, appended to `out`.
+    /// O(max) under LRU when `cursor` is in the list (the cached blocks); otherwise
+    /// O(position of `cursor` + max).
+    pub fn ids_after(&self, slab: &Slab, cursor: Option<u32>, max: usize, out: &mut Vec<u32>) {
+        let Some(cursor) = cursor else {
+            out.extend(self.iter(slab).take(max));
+            return;
+        };
+        if let Some(rest) = self.lists.iter_after_single(slab, cursor) {
+            out.extend(rest.take(max));
+            return;
+        }
+        if cursor >= slab.len() || slab.get(cursor).ref_cnt != 0 {
+            return;
+        }
+        let mut rest = self.iter(slab).skip_while(|&id| id != cursor);
+        if rest.next().is_some() {
+            out.extend(rest.take(max));
+        }
+    }
+
     /// The lists' blocks in the order the policy would evict them now.
     pub fn list_order<'a>(&'a self, slab: &'a Slab) -> ListOrder<'a> {
         let heads = self
@@ -554,6 +576,33 @@ mod tests {
         assert_eq!(order(&slab, &q), vec![2, 0, 3, 4, 5, 1]);
         assert_eq!(q.len(), 6);
         assert_eq!(take(&mut slab, &mut q, 6), vec![2, 0, 3, 4, 5, 1]);
+    }
+
+    #[test]
+    fn ids_after_a_cursor_in_every_part() {
+        let (mut slab, mut q) = queue_of(8);
+        take(&mut slab, &mut q, 5);
+        push_front(&mut q, &mut slab, &[3, 2]);
+        q.push_back_n(&mut slab, &[0, 1, 4]);
+        // stack [3, 2], fresh [5..8], list [0, 1, 4]
+        let after = |q: &FreeQueue, slab: &Slab, cursor, max| {
+            let mut out = vec![];
+            q.ids_after(slab, cursor, max, &mut out);
+            out
+        };
+        assert_eq!(after(&q, &slab, None, 99), order(&slab, &q));
+        assert_eq!(after(&q, &slab, None, 2), vec![3, 2]);
+        assert_eq!(after(&q, &slab, Some(2), 99), vec![5, 6, 7, 0, 1, 4]);
+        assert_eq!(after(&q, &slab, Some(6), 2), vec![7, 0]);
+        // From the list: read by its links, up to the tail.
+        assert_eq!(after(&q, &slab, Some(0), 99), vec![1, 4]);
+        assert_eq!(after(&q, &slab, Some(1), 1), vec![4]);
+        assert_eq!(after(&q, &slab, Some(4), 99), Vec::<u32>::new());
+        // A block in use has nothing after it.
+        q.remove(&mut slab, 1);
+        slab.get_mut(1).ref_cnt = 1;
+        assert_eq!(after(&q, &slab, Some(1), 99), Vec::<u32>::new());
+        assert_eq!(after(&q, &slab, Some(0), 99), vec![4]);
     }
 
     #[test]

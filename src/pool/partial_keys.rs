@@ -115,7 +115,7 @@ impl BlockPool {
         if already {
             return Ok(());
         }
-        let slot = self.map.insert(key, id);
+        let slot = self.map.insert(key, id, call.num_tokens);
         if self.slab.get(id).key_slot == NIL {
             self.slab.get_mut(id).key_slot = slot;
             self.partial.primary_tokens.insert(id, call.num_tokens);
@@ -139,6 +139,26 @@ impl BlockPool {
             })));
         }
         Ok(())
+    }
+
+    /// Block `id`'s keys beyond its primary one (vLLM's
+    /// `BlockPool.cached_block_hashes_by_block[id]`), in insertion order.
+    pub fn extra_block_keys(&self, id: u32) -> PoolResult<Vec<BlockHashKey>> {
+        self.check_ids(&[id])?;
+        Ok(self
+            .partial
+            .extra_slots
+            .get(&id)
+            .map_or_else(Vec::new, |slots| {
+                slots.iter().map(|&s| *self.map.key_at(s)).collect()
+            }))
+    }
+
+    /// The blocks holding keys beyond their primary one, in id order.
+    pub fn blocks_with_extra_keys(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.partial.extra_slots.keys().copied().collect();
+        ids.sort_unstable();
+        ids
     }
 
     /// Tokens block `id`'s primary key covers when it is a partial entry.

@@ -4,7 +4,7 @@
 //! at once; block tables stay append-only), and a lookup returns the first one
 //! inserted, as vLLM does. Layout:
 //!
-//! - an arena of entries `{key, hash, block, prev_dup, next_dup}`; a block's
+//! - an arena of entries `{key, hash, block, tokens, prev_dup, next_dup}`; a block's
 //!   `key_slot` is its entry's index, so evicting a block finds its key in O(1);
 //! - a `hashbrown::HashTable<u32>` holding, per distinct key, the arena slot of
 //!   its first entry; entries with the same key form a doubly linked chain in
@@ -29,6 +29,10 @@ struct Entry {
     hash: u64,
     /// The cached block, or [`NIL`] while the entry is vacant.
     block: u32,
+    /// Tokens of the sequence the key covers (its end position in its chain: vLLM's
+    /// `block_hash_num_tokens`), or 0 where the caller did not say. It fills the
+    /// entry's padding: an entry is 64 bytes with or without it.
+    tokens: u32,
     /// The previous entry under the same key; for the chain's head, its tail.
     prev_dup: u32,
     /// The next entry under the same key, or [`NIL`].
@@ -146,15 +150,24 @@ impl PrefixMap {
         self.entries[slot as usize].block
     }
 
+    /// The tokens the key at `slot` covers, as given to [`Self::insert`] (0: not given).
+    #[inline]
+    pub fn tokens_at(&self, slot: u32) -> u32 {
+        self.entries[slot as usize].tokens
+    }
+
     /// Caches `block` under `key`, after any blocks already there, and returns the
-    /// entry's slot (to be stored as the block's `key_slot`).
-    pub fn insert(&mut self, key: BlockHashKey, block: u32) -> u32 {
+    /// entry's slot (to be stored as the block's `key_slot`). `tokens` is the length
+    /// of the sequence the key covers (0 where unknown), read back by
+    /// [`Self::tokens_at`].
+    pub fn insert(&mut self, key: BlockHashKey, block: u32, tokens: u32) -> u32 {
         let hash = self.hasher.hash(&key);
         let head = self.find_head(&key, hash);
         let entry = Entry {
             key,
             hash,
             block,
+            tokens,
             prev_dup: NIL,
             next_dup: NIL,
         };
@@ -331,11 +344,22 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_fills_one_cache_line_with_its_token_count() {
+        assert_eq!(std::mem::size_of::<Entry>(), 64);
+        let mut m = PrefixMap::new();
+        let s = m.insert(key(1, 0), 3, 48);
+        let t = m.insert(key(1, 0), 4, 0);
+        assert_eq!((m.tokens_at(s), m.tokens_at(t)), (48, 0));
+        m.remove(s);
+        assert_eq!(m.tokens_at(t), 0);
+    }
+
+    #[test]
     fn first_inserted_wins_and_successor_is_promoted() {
         let mut m = PrefixMap::new();
-        let s1 = m.insert(key(1, 0), 10);
-        let s2 = m.insert(key(1, 0), 11);
-        let s3 = m.insert(key(1, 0), 12);
+        let s1 = m.insert(key(1, 0), 10, 0);
+        let s2 = m.insert(key(1, 0), 11, 0);
+        let s3 = m.insert(key(1, 0), 12, 0);
         assert_eq!(m.get(&key(1, 0)), Some(10));
         assert_eq!(m.num_keys(), 1);
         assert_eq!(m.len(), 3);
@@ -358,7 +382,7 @@ mod tests {
         let mut live: Vec<(u32, u32, u8)> = Vec::new(); // (slot, block, key byte)
         for block in 0..2_500u32 {
             let b = if block % 5 == 4 { 2 } else { 1 };
-            live.push((m.insert(key(b, 0), block), block, b));
+            live.push((m.insert(key(b, 0), block, 0), block, b));
         }
         let mut order: Vec<usize> = (0..live.len()).collect();
         let mut x = 12345u64;
@@ -399,9 +423,9 @@ mod tests {
     #[test]
     fn drain_visits_every_cached_block_once() {
         let mut m = PrefixMap::new();
-        let s = m.insert(key(1, 0), 5);
-        m.insert(key(1, 0), 6);
-        m.insert(key(2, 0), 7);
+        let s = m.insert(key(1, 0), 5, 0);
+        m.insert(key(1, 0), 6, 0);
+        m.insert(key(2, 0), 7, 0);
         m.remove(s);
         let mut seen = Vec::new();
         m.drain_blocks(|b| seen.push(b));
@@ -413,8 +437,8 @@ mod tests {
     #[test]
     fn groups_are_separate_keys() {
         let mut m = PrefixMap::new();
-        m.insert(key(1, 0), 1);
-        m.insert(key(1, 1), 2);
+        m.insert(key(1, 0), 1, 0);
+        m.insert(key(1, 1), 2, 0);
         assert_eq!(m.get(&key(1, 0)), Some(1));
         assert_eq!(m.get(&key(1, 1)), Some(2));
         assert_eq!(m.get(&key(2, 0)), None);
@@ -423,9 +447,9 @@ mod tests {
     #[test]
     fn slots_are_reused() {
         let mut m = PrefixMap::new();
-        let s = m.insert(key(1, 0), 1);
+        let s = m.insert(key(1, 0), 1, 0);
         m.remove(s);
-        assert_eq!(m.insert(key(2, 0), 2), s);
+        assert_eq!(m.insert(key(2, 0), 2, 0), s);
         assert_eq!(*m.key_at(s), key(2, 0));
         assert_eq!(m.block_at(s), 2);
     }

@@ -154,6 +154,9 @@ class BlockPool:
 
         self._ref_counts: list[int] = [0] * num_blocks
         self._block_keys: list[HashKey | None] = [None] * num_blocks
+        #: Per block, the tokens its last key covered (its end in its chain); read only while
+        #: the block holds a key.
+        self._block_tokens: dict[int, int] = {}
         self._prefix_map: dict[HashKey, dict[int, None]] = {}
         self._num_cached = 0
         self._events: deque[Any] = deque()
@@ -567,6 +570,7 @@ class BlockPool:
                 stored_keys.append(_extra_keys[i - num_cached])
             key = (hashes[i], group)
             self._block_keys[block_id] = key
+            self._block_tokens[block_id] = (i + 1) * self._block_size
             self._prefix_map.setdefault(key, {})[block_id] = None
             self._num_cached += 1
             stored.append(hashes[i])
@@ -832,6 +836,36 @@ class BlockPool:
     def block_hash(self, block_id: int) -> tuple[bytes, int] | None:
         """The block's key ``(hash_bytes, group_id)`` while it is cached, else ``None``."""
         return self._block_keys[self._as_block_id(block_id)]
+
+    def block_hash_num_tokens(self, block_id: int) -> int | None:
+        """Tokens the block's key covers (its end position in its chain), or ``None`` while
+        it holds no key."""
+        block_id = self._as_block_id(block_id)
+        return None if self._block_keys[block_id] is None else self._block_tokens[block_id]
+
+    def extra_block_hashes(self, block_id: int) -> list[tuple[bytes, int]]:
+        """Keys beyond the block's own: none here (partial-block entries are made only by
+        vLLM's hybrid groups, through ``GroupTables``)."""
+        self._as_block_id(block_id)
+        return []
+
+    def blocks_with_extra_hashes(self) -> npt.NDArray[Any]:
+        """The blocks holding keys beyond their own: none here (int32)."""
+        return np.array([], dtype=np.int32)
+
+    def free_block_ids_after(self, cursor: int | None, max_blocks: int) -> npt.NDArray[Any]:
+        """At most ``max_blocks`` free block ids after ``cursor`` in the free queue (from the
+        head when ``None``; none when ``cursor`` is not free), int32."""
+        start = None if cursor is None else self._as_block_id(cursor)
+        max_blocks = as_int_arg(max_blocks, "max_blocks", 0)
+        order = self.free_block_ids().tolist()
+        if start is None:
+            after = order
+        elif start in order:
+            after = order[order.index(start) + 1:]
+        else:
+            after = []
+        return np.array(after[:max_blocks], dtype=np.int32)
 
     def check_invariants(self) -> None:
         """Check the pool's structure; raise ``InvariantError`` listing every problem found.

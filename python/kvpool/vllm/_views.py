@@ -13,7 +13,7 @@ allocation rules live in Rust (``kvpool.BlockTables``); nothing here changes sta
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,7 +62,7 @@ class BlockView:
 
     @property
     def block_hash_num_tokens(self) -> int | None:
-        return None if self._pool.block_hash(self.block_id) is None else self._pool.block_size
+        return self._pool.block_hash_num_tokens(self.block_id)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, BlockView) and other._pool is self._pool and other.block_id == self.block_id
@@ -190,6 +190,12 @@ class FreeQueueView:
         _QUEUES[id(pool)] = self
 
     def _neighbour(self, block_id: int | None, step: int) -> Any:
+        if step > 0 and (block_id is None or self._pool.ref_count(block_id) == 0):
+            after = self._pool.free_block_ids_after(block_id, 1)
+            if len(after):
+                return BlockView(self._pool, int(after[0]))
+            queued = block_id is None or block_id in self._pool.free_block_ids_after(None, self.num_free_blocks)
+            return self.fake_free_list_tail if queued else None
         order = self._pool.free_block_ids().tolist()
         if block_id is None:
             i = 0 if step > 0 else len(order) - 1
@@ -207,6 +213,24 @@ class FreeQueueView:
 
     def get_all_free_blocks(self) -> list[BlockView]:
         return [BlockView(self._pool, i) for i in self._pool.free_block_ids().tolist()]
+
+    def iter_blocks_after(self, cursor: Any) -> Iterator[BlockView]:
+        """The free blocks after ``cursor`` (a block, or ``None`` for the head), in eviction
+        order, as vLLM's ``iter_blocks_after``: read from Rust in growing batches, so a walk
+        that stops early (an offloading connector covering its target) costs what it reads,
+        not the whole queue. Each batch continues after the last block read, so a block freed
+        or taken meanwhile is seen as vLLM's linked list would show it; nothing when
+        ``cursor`` is not free."""
+        at = None if cursor is None else cursor.block_id
+        batch = 16
+        while True:
+            ids = self._pool.free_block_ids_after(at, batch)
+            for block_id in ids.tolist():
+                yield BlockView(self._pool, block_id)
+            if len(ids) < batch:
+                return
+            at = int(ids[-1])
+            batch = min(batch * 4, 4096)
 
 
 class _AllBlocks(Sequence[BlockView]):
@@ -311,6 +335,29 @@ class CachedBlocksView:
         return BlockView(self._pool, block_id)
 
 
+class ExtraHashesView(Mapping[int, "set[Any]"]):
+    """``block_pool.cached_block_hashes_by_block``: per block holding keys beyond its own
+    (partial-block entries of groups whose blocks are larger than the hash granularity), the
+    set of those keys as ``BlockHashWithGroupId``. Read from Rust each time."""
+
+    def __init__(self, pool: kvpool.BlockPool) -> None:
+        self._pool = pool
+
+    def __getitem__(self, block_id: int) -> set[Any]:
+        if not isinstance(block_id, int) or not 0 <= block_id < self._pool.num_blocks:
+            raise KeyError(block_id)
+        keys = self._pool.extra_block_hashes(block_id)
+        if not keys:
+            raise KeyError(block_id)
+        return {make_block_hash_with_group_id(h, g) for h, g in keys}
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._pool.blocks_with_extra_hashes().tolist())
+
+    def __len__(self) -> int:
+        return len(self._pool.blocks_with_extra_hashes())
+
+
 class BlockPoolView:
     """``manager.block_pool``: reads, and the two calls vLLM's scheduler makes on it."""
 
@@ -319,6 +366,7 @@ class BlockPoolView:
         self.blocks = _AllBlocks(pool)
         self.free_block_queue = FreeQueueView(pool)
         self.cached_block_hash_to_block = CachedBlocksView(pool)
+        self.cached_block_hashes_by_block = ExtraHashesView(pool)
         self.null_block = BlockView(pool, 0)
         self.num_gpu_blocks = pool.num_blocks
         self.enable_caching = pool.enable_caching

@@ -9,6 +9,17 @@ resets) runs on two schedulers built alike, one with vLLM's ``KVCacheManager`` a
 requests with their block ids and computed tokens, scheduled tokens, preemptions, finished
 requests), the engine outputs of ``update_from_output``, the KV events and the free-block
 counts must be equal. Exits non-zero at the first difference, printing it.
+
+With ``--offload``, each workload instead runs both schedulers with vLLM's
+``SimpleCPUOffloadConnector`` (eager or lazy, alternately; the helper
+``tests.v1.kv_connector.unit.utils`` builds them) over a small GPU pool, so that cached
+blocks are stored to the CPU pool, evicted on the GPU and loaded back: a fake worker
+completes every store and load at once. The connector reads the GPU pool through
+kvpool's views (``free_block_queue.iter_blocks_after``, ``block_hash_num_tokens``,
+``cached_block_hashes_by_block``, ``touch``, ``free_blocks``). After every step the
+scheduler outputs, the connector's metadata (the blocks it loads and stores), the engine
+outputs, both pools' free counts and every CPU block's hash, token count and reference
+count must be equal.
 """
 
 from __future__ import annotations
@@ -120,10 +131,121 @@ def run_workload(seed: int, create_scheduler: Any, make_request: Any) -> int:
     return steps
 
 
+#: What the offload workloads exercised: steps, blocks stored to and loaded from the CPU.
+OFFLOAD_SEEN = {"steps": 0, "stored": 0, "loaded": 0, "preemptions": 0}
+
+
+def _offload_meta(meta: Any) -> Any:
+    return (meta.load_event, list(meta.load_gpu_blocks), list(meta.load_cpu_blocks),
+            {k: list(v) for k, v in meta.load_event_to_reqs.items()}, meta.store_event,
+            list(meta.store_gpu_blocks), list(meta.store_cpu_blocks), meta.need_flush)
+
+
+def _cpu_pool(scheduler: Any) -> Any:
+    pool = scheduler.connector.scheduler_manager.cpu_block_pool
+    return [(b.block_hash, b.block_hash_num_tokens, b.ref_cnt) for b in pool.blocks]
+
+
+def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: Any, make_request: Any) -> int:
+    """Runs offload workload ``seed`` (``--offload``) on both schedulers; returns its steps."""
+    import torch
+    import vllm.v1.core.sched.scheduler as sched_module
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import RequestStatus
+    from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata
+
+    import kvpool.vllm
+    from kvpool.vllm._manager import VllmKVCacheManager
+
+    rng = random.Random(seed)
+    block_size, lazy = 16, seed % 2 == 0
+    num_blocks = rng.randint(12, 40)
+    extra = {"num_cpu_blocks": rng.randint(8, 64), "lazy_offload": lazy}
+    batch, max_seqs = rng.choice([32, 64, 128]), rng.choice([2, 4, 8])
+
+    def build(ours: bool) -> Any:
+        """A scheduler with the connector, on kvpool's manager or (``ours`` false) vLLM's."""
+        config = create_vllm_config(kv_connector="SimpleCPUOffloadConnector", kv_role="kv_both",
+                                    kv_connector_extra_config=extra, max_num_batched_tokens=batch,
+                                    max_num_seqs=max_seqs, block_size=block_size)
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        page = spec.page_size_bytes
+        tensor = KVCacheTensor(size=page * num_blocks, layers=["layer"], layer_stride=page * num_blocks,
+                               block_stride=page)
+        kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
+                                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        kvpool.vllm.install()
+        if not ours:
+            sched_module.KVCacheManager = VllmKVCacheManager
+        scheduler = create_scheduler(config, num_blocks=num_blocks, kv_cache_config=kv_cache_config)
+        kvpool.vllm.install()
+        return scheduler
+
+    ours, theirs = build(True), build(False)
+    assert type(ours.kv_cache_manager).__module__ == "kvpool.vllm._manager", type(ours.kv_cache_manager)
+    assert type(theirs.kv_cache_manager) is VllmKVCacheManager
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randint(16, 96))] for _ in range(rng.randint(2, 5))]
+    next_id, live = 0, []
+    steps = rng.randint(30, 90)
+    for step in range(steps):
+        for _ in range(rng.choice([0, 0, 1, 1, 2])):
+            prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randint(1, 40))]
+            rid = f"r{next_id}"
+            next_id += 1
+            max_tokens = rng.randint(1, 16)
+            for s in (ours, theirs):
+                s.add_request(make_request(rid, prompt, max_tokens, block_size))
+            live.append(rid)
+        if live and rng.random() < 0.03:
+            rid = rng.choice(live)
+            for s in (ours, theirs):
+                s.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+        out_a, out_b = ours.schedule(), theirs.schedule()
+        got = (_outputs(out_a), _offload_meta(out_a.kv_connector_metadata))
+        want = (_outputs(out_b), _offload_meta(out_b.kv_connector_metadata))
+        assert got == want, f"offload seed {seed} step {step}: scheduler outputs differ\nkvpool: {got}\nvLLM:   {want}"
+        meta = out_b.kv_connector_metadata
+        OFFLOAD_SEEN["steps"] += 1
+        OFFLOAD_SEEN["stored"] += len(meta.store_gpu_blocks)
+        OFFLOAD_SEEN["loaded"] += len(meta.load_gpu_blocks)
+        OFFLOAD_SEEN["preemptions"] += len(out_b.preempted_req_ids or ())
+        # The fake worker: this step's store and load are done when the step is.
+        loaded = set(meta.load_event_to_reqs.get(meta.load_event, ())) if meta.load_event >= 0 else set()
+        stored = {meta.store_event: 1} if meta.store_event >= 0 else {}
+        req_ids = list(out_a.num_scheduled_tokens)
+        results = []
+        for s, out in ((ours, out_a), (theirs, out_b)):
+            mro = ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=[[(hash((rid, step)) % 900) + 1] for rid in req_ids],
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=[],
+                kv_connector_output=KVConnectorOutput(
+                    finished_recving=loaded or None,
+                    kv_connector_worker_meta=SimpleCPUOffloadWorkerMetadata(completed_store_events=dict(stored))),
+            )
+            engine = s.update_from_output(out, mro)
+            results.append(sorted((k, [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in v.outputs])
+                                  for k, v in engine.items()))
+        assert results[0] == results[1], f"offload seed {seed} step {step}: engine outputs differ\n{results}"
+        a_free = ours.kv_cache_manager.block_pool.get_num_free_blocks()
+        b_free = theirs.kv_cache_manager.block_pool.get_num_free_blocks()
+        assert a_free == b_free, f"offload seed {seed} step {step}: free blocks {a_free} != {b_free}"
+        a_cpu, b_cpu = _cpu_pool(ours), _cpu_pool(theirs)
+        assert a_cpu == b_cpu, f"offload seed {seed} step {step}: CPU pools differ\n{a_cpu}\n{b_cpu}"
+        ours.kv_cache_manager._tables.check_invariants()
+    return steps
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", type=int, default=200)
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--offload", action="store_true",
+                        help="run the workloads with vLLM's SimpleCPUOffloadConnector (eager and lazy)")
     args = parser.parse_args(argv)
     sys.path.insert(0, ".")
     from tests.v1.core.utils import create_scheduler  # type: ignore[import-not-found]  # vLLM test helper
@@ -143,6 +265,17 @@ def main(argv: list[str] | None = None) -> int:
                        pooling_params=None, block_hasher=hasher)
 
     total = 0
+    if args.offload:
+        from tests.v1.kv_connector.unit import utils as connector_utils  # type: ignore[import-not-found]
+
+        for seed in range(args.first_seed, args.first_seed + args.workloads):
+            np.random.seed(seed)
+            total += run_offload_workload(seed, connector_utils.create_vllm_config, connector_utils.create_scheduler,
+                                          make_request)
+        print(f"kvpool.vllm differential (SimpleCPUOffloadConnector): {args.workloads} workloads, {total} steps, "
+              f"every step equal; stored {OFFLOAD_SEEN['stored']} blocks to the CPU, loaded "
+              f"{OFFLOAD_SEEN['loaded']} back, {OFFLOAD_SEEN['preemptions']} preemptions")
+        return 0
     for seed in range(args.first_seed, args.first_seed + args.workloads):
         np.random.seed(seed)
         total += run_workload(seed, create_scheduler, make_request)
