@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 UNSIGNED = {"uint8": 2**8, "uint16": 2**16}
-STEP_FIELDS = ("block_ids", "offsets", "num_scheduled_tokens", "num_hit_tokens", "allocated")
+STEP_FIELDS = ("block_ids", "offsets", "hit_block_ids", "hit_offsets", "num_scheduled_tokens", "num_hit_tokens",
+               "allocated", "status")
 
 
 def as_form(values: list[int], form: str) -> Any:

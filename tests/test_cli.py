@@ -63,6 +63,20 @@ def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 0 and out.startswith("kvpool ")
 
 
+def test_the_installed_version_is_the_crates() -> None:
+    """The package's metadata takes its version from Cargo.toml (``dynamic = ["version"]``), so
+    the installed distribution, ``kvpool.__version__`` and the crate agree."""
+    import importlib.metadata
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    try:
+        installed = importlib.metadata.version("kvpool")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("kvpool is not installed (run from a source tree through PYTHONPATH)")
+    crate = tomllib.loads((Path(__file__).parents[1] / "Cargo.toml").read_text())["package"]["version"]
+    assert installed == kvpool.__version__ == crate
+
+
 def test_python_dash_m(hand_trace: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "kvpool", "simulate", str(hand_trace), "--block-tokens", "4",
                            "--impl", "reference", "--json"], capture_output=True, text=True, check=False)

@@ -140,15 +140,17 @@ def test_differential_against_vllm_on_random_workloads(vllm_tests: Path, capsys:
 
 def test_differential_with_the_cpu_offload_connector(vllm_tests: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM's scheduler with its ``SimpleCPUOffloadConnector`` (eager and lazy) on vLLM's manager and
-    on kvpool's, 40 random workloads over pools small enough that blocks go to the CPU and come
-    back: scheduler outputs, the connector's loads and stores, engine outputs, free counts and
-    the CPU pool's blocks equal on every step, and the workloads did store and load."""
-    run = subprocess.run([sys.executable, "-m", "kvpool.vllm.differential", "--offload", "--workloads", "40"],
+    on kvpool's, 42 random workloads (one full-attention group, or full attention with sliding
+    windows) over pools small enough that blocks go to the CPU and come back: scheduler
+    outputs, the connector's loads and stores, engine outputs, free counts and the CPU pool's
+    blocks equal on every step, and the workloads, hybrid ones included, did store and load."""
+    run = subprocess.run([sys.executable, "-m", "kvpool.vllm.differential", "--offload", "--workloads", "42"],
                          cwd=vllm_tests, env=vllm_env(vllm_tests), capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     line = run.stdout.strip().splitlines()[-1]
     with capsys.disabled():
         print(f"\n{line}")
-    assert "40 workloads" in line and "every step equal" in line
+    assert "42 workloads" in line and "every step equal" in line
     stored, loaded = (int(line.split(word)[0].split()[-1]) for word in (" blocks to the CPU", " back"))
-    assert stored > 0 and loaded > 0, line
+    hybrid_stored, hybrid_loaded = (int(n) for n in line.split("back (")[1].split(" of them")[0].split(" and "))
+    assert stored > 0 and loaded > 0 and hybrid_stored > 0 and hybrid_loaded > 0, line

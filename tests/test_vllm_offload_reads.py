@@ -133,3 +133,24 @@ def test_a_walk_continues_after_the_last_block_read() -> None:
         seen.append((first, [b.block_id for b in walk], n))
     assert seen[1] == seen[0]
     assert seen[0][2] == 48
+
+
+def test_a_key_popped_from_the_cache_dict_and_put_back_keeps_its_token_count() -> None:
+    """vLLM's tests fake an eviction by popping a key from ``cached_block_hash_to_block._cache``
+    and undo it by assigning the block back; vLLM's block keeps its fields meanwhile, so the
+    block read after the undo has the token count it had before."""
+    seen = []
+    for manager in managers("one group", num_blocks=32):
+        req = make_request("r", list(range(64)), 16)
+        manager.allocate_slots(req, req.num_tokens)
+        manager.free(req)
+        pool = manager.block_pool
+        block = next(b for b in pool.blocks if b.block_hash is not None and b.block_hash_num_tokens == 32)
+        key = block.block_hash
+        before = (block.block_id, block.block_hash_num_tokens)
+        popped = pool.cached_block_hash_to_block._cache.pop(key)
+        pool.cached_block_hash_to_block._cache[key] = popped
+        block = pool.blocks[before[0]]
+        seen.append((before, block.block_hash == key, block.block_hash_num_tokens))
+    assert seen[1] == seen[0]
+    assert seen[0][1:] == (True, 32)

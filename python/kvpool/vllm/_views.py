@@ -33,7 +33,10 @@ _QUEUES: weakref.WeakValueDictionary[int, FreeQueueView] = weakref.WeakValueDict
 class BlockView:
     """One block as a ``KVCacheBlock``: id, live reference count and hash, ``is_null``."""
 
-    __slots__ = ("_pool", "block_id")
+    __slots__ = ("_pool", "block_id", "_num_tokens_when_unkeyed")
+    # Set only by ``_CacheDict.pop``: what ``block_hash_num_tokens`` read when it took this
+    # block's key away, for the assignment that puts it back (vLLM's block keeps its fields).
+    _num_tokens_when_unkeyed: int | None
 
     def __init__(self, pool: kvpool.BlockPool, block_id: int) -> None:
         self._pool = pool
@@ -254,8 +257,9 @@ class _CacheDict(dict):  # type: ignore[type-arg]
     """``cached_block_hash_to_block._cache``: the pool's keys (``BlockHashWithGroupId``) to
     their blocks, as a dict made when read. Tests edit it to fake an eviction and undo it:
     ``pop(key)`` drops the key from the pool's prefix cache and assigning a block to a key
-    puts it back, the block staying where it is, with no event (as editing vLLM's dict).
-    ``copy.copy`` gives a plain dict."""
+    puts it back, the block staying where it is, with no event (as editing vLLM's dict); a
+    popped block view put back keeps its ``block_hash_num_tokens``. ``copy.copy`` gives a
+    plain dict."""
 
     def __init__(self, pool: kvpool.BlockPool) -> None:
         super().__init__()
@@ -289,14 +293,21 @@ class _CacheDict(dict):  # type: ignore[type-arg]
             if default:
                 return default[0]
             raise KeyError(key)
-        for block_id in list(value) if isinstance(value, dict) else [value.block_id]:
-            self._pool._set_block_hash(block_id, None)
+        for view in _views_of(value):
+            view._num_tokens_when_unkeyed = self._pool.block_hash_num_tokens(view.block_id)
+            self._pool._set_block_hash(view.block_id, None)
         return value
 
     def __setitem__(self, key: Any, value: Any) -> None:
         dict.__setitem__(self, key, value)
-        for block_id in list(value) if isinstance(value, dict) else [value.block_id]:
-            self._pool._set_block_hash(block_id, get_block_hash(key), get_group_id(key))
+        for view in _views_of(value):
+            self._pool._set_block_hash(view.block_id, get_block_hash(key), get_group_id(key),
+                                       num_tokens=getattr(view, "_num_tokens_when_unkeyed", None))
+
+
+def _views_of(value: Any) -> list[BlockView]:
+    """The block views of one ``_CacheDict`` value: a view, or a dict of them by block id."""
+    return list(value.values()) if isinstance(value, dict) else [value]
 
 
 class CachedBlocksView:
@@ -395,8 +406,8 @@ class BlockPoolView:
         return self._pool.reset_prefix_cache()
 
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[BlockView] | None:
-        """The first block cached under ``block_hash`` in each group, or ``None`` if a group
-        misses (it looked in group 0 alone, whatever groups were asked for)."""
+        """The first block cached under ``block_hash`` in each group asked for, or ``None`` if
+        any of them misses."""
         found = []
         for g in kv_cache_group_ids:
             block = self._pool.get_cached_block(block_hash, g)
@@ -404,7 +415,6 @@ class BlockPoolView:
                 return None
             found.append(BlockView(self._pool, block))
         return found
-
 
 
 class _RequestTables:

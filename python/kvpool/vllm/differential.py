@@ -12,9 +12,10 @@ counts must be equal. Exits non-zero at the first difference, printing it.
 
 With ``--offload``, each workload instead runs both schedulers with vLLM's
 ``SimpleCPUOffloadConnector`` (eager or lazy, alternately; the helper
-``tests.v1.kv_connector.unit.utils`` builds them) over a small GPU pool, so that cached
-blocks are stored to the CPU pool, evicted on the GPU and loaded back: a fake worker
-completes every store and load at once. The connector reads the GPU pool through
+``tests.v1.kv_connector.unit.utils`` builds them) over a small GPU pool, with one
+full-attention group or full attention beside sliding windows (kvpool's hybrid manager),
+in turn (``OFFLOAD_LAYOUTS``), so that cached blocks are stored to the CPU pool, evicted
+on the GPU and loaded back: a fake worker completes every store and load at once. The connector reads the GPU pool through
 kvpool's views (``free_block_queue.iter_blocks_after``, ``block_hash_num_tokens``,
 ``cached_block_hashes_by_block``, ``touch``, ``free_blocks``). After every step the
 scheduler outputs, the connector's metadata (the blocks it loads and stores), the engine
@@ -77,7 +78,7 @@ def run_workload(seed: int, create_scheduler: Any, make_request: Any) -> int:
     sched_module.KVCacheManager = VllmKVCacheManager
     theirs = create_scheduler(**config)
     kvpool.vllm.install()
-    assert type(ours.kv_cache_manager).__module__ == "kvpool.vllm._manager", type(ours.kv_cache_manager)
+    assert type(ours.kv_cache_manager).__module__.startswith("kvpool.vllm."), type(ours.kv_cache_manager)
     assert type(theirs.kv_cache_manager) is VllmKVCacheManager
     prefixes = [[rng.randrange(1000) for _ in range(rng.randint(0, 3 * block_size))] for _ in range(3)]
     next_id, live = 0, []
@@ -132,7 +133,11 @@ def run_workload(seed: int, create_scheduler: Any, make_request: Any) -> int:
 
 
 #: What the offload workloads exercised: steps, blocks stored to and loaded from the CPU.
-OFFLOAD_SEEN = {"steps": 0, "stored": 0, "loaded": 0, "preemptions": 0}
+OFFLOAD_SEEN = {"steps": 0, "stored": 0, "loaded": 0, "preemptions": 0, "hybrid_stored": 0, "hybrid_loaded": 0}
+
+#: The KV-cache groups of the offload workloads, in turn (two seeds each, eager and lazy):
+#: each group a full-attention layer (None) or a sliding window of that many tokens.
+OFFLOAD_LAYOUTS: list[list[int | None]] = [[None], [None, 32], [None, 16, 48]]
 
 
 def _offload_meta(meta: Any) -> Any:
@@ -150,7 +155,13 @@ def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: A
     """Runs offload workload ``seed`` (``--offload``) on both schedulers; returns its steps."""
     import torch
     import vllm.v1.core.sched.scheduler as sched_module
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        SlidingWindowSpec,
+    )
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
     from vllm.v1.request import RequestStatus
     from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata
@@ -160,8 +171,9 @@ def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: A
 
     rng = random.Random(seed)
     block_size, lazy = 16, seed % 2 == 0
-    num_blocks = rng.randint(12, 40)
-    extra = {"num_cpu_blocks": rng.randint(8, 64), "lazy_offload": lazy}
+    layout = OFFLOAD_LAYOUTS[(seed // 2) % len(OFFLOAD_LAYOUTS)]
+    num_blocks = rng.randint(12, 40) * len(layout)
+    extra = {"num_cpu_blocks": rng.randint(8, 64) * len(layout), "lazy_offload": lazy}
     batch, max_seqs = rng.choice([32, 64, 128]), rng.choice([2, 4, 8])
 
     def build(ours: bool) -> Any:
@@ -169,12 +181,16 @@ def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: A
         config = create_vllm_config(kv_connector="SimpleCPUOffloadConnector", kv_role="kv_both",
                                     kv_connector_extra_config=extra, max_num_batched_tokens=batch,
                                     max_num_seqs=max_seqs, block_size=block_size)
-        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        page = spec.page_size_bytes
-        tensor = KVCacheTensor(size=page * num_blocks, layers=["layer"], layer_stride=page * num_blocks,
-                               block_stride=page)
-        kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[tensor],
-                                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+        common = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        specs = [FullAttentionSpec(**common) if window is None else SlidingWindowSpec(**common, sliding_window=window)
+                 for window in layout]
+        # One tensor per group's layer, as vLLM's worker lays out groups of equal page size.
+        tensors = [KVCacheTensor(size=spec.page_size_bytes * num_blocks, layers=[f"layer{g}"],
+                                 layer_stride=spec.page_size_bytes * num_blocks, block_stride=spec.page_size_bytes)
+                   for g, spec in enumerate(specs)]
+        kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
+                                        kv_cache_groups=[KVCacheGroupSpec([f"layer{g}"], spec)
+                                                         for g, spec in enumerate(specs)])
         kvpool.vllm.install()
         if not ours:
             sched_module.KVCacheManager = VllmKVCacheManager
@@ -183,7 +199,7 @@ def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: A
         return scheduler
 
     ours, theirs = build(True), build(False)
-    assert type(ours.kv_cache_manager).__module__ == "kvpool.vllm._manager", type(ours.kv_cache_manager)
+    assert type(ours.kv_cache_manager).__module__.startswith("kvpool.vllm."), type(ours.kv_cache_manager)
     assert type(theirs.kv_cache_manager) is VllmKVCacheManager
     prefixes = [[rng.randrange(1000) for _ in range(rng.randint(16, 96))] for _ in range(rng.randint(2, 5))]
     next_id, live = 0, []
@@ -210,6 +226,9 @@ def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: A
         OFFLOAD_SEEN["stored"] += len(meta.store_gpu_blocks)
         OFFLOAD_SEEN["loaded"] += len(meta.load_gpu_blocks)
         OFFLOAD_SEEN["preemptions"] += len(out_b.preempted_req_ids or ())
+        if len(layout) > 1:
+            OFFLOAD_SEEN["hybrid_stored"] += len(meta.store_gpu_blocks)
+            OFFLOAD_SEEN["hybrid_loaded"] += len(meta.load_gpu_blocks)
         # The fake worker: this step's store and load are done when the step is.
         loaded = set(meta.load_event_to_reqs.get(meta.load_event, ())) if meta.load_event >= 0 else set()
         stored = {meta.store_event: 1} if meta.store_event >= 0 else {}
@@ -274,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                                           make_request)
         print(f"kvpool.vllm differential (SimpleCPUOffloadConnector): {args.workloads} workloads, {total} steps, "
               f"every step equal; stored {OFFLOAD_SEEN['stored']} blocks to the CPU, loaded "
-              f"{OFFLOAD_SEEN['loaded']} back, {OFFLOAD_SEEN['preemptions']} preemptions")
+              f"{OFFLOAD_SEEN['loaded']} back ({OFFLOAD_SEEN['hybrid_stored']} and {OFFLOAD_SEEN['hybrid_loaded']} "
+              f"of them with sliding-window groups), {OFFLOAD_SEEN['preemptions']} preemptions")
         return 0
     for seed in range(args.first_seed, args.first_seed + args.workloads):
         np.random.seed(seed)
