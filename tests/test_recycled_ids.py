@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import threading
 import tracemalloc
+import warnings
 import weakref
 
 import numpy as np
@@ -140,7 +141,14 @@ def test_an_array_changed_by_its_holder_comes_back_plain(change) -> None:
     assert a.tolist() == ref.get_new_blocks(4).tolist()
     pool.free_blocks(a.copy())
     ref.free_blocks(a.tolist())
-    change(a)
+    with warnings.catch_warnings():
+        # numpy 2.5 deprecates setting an array's shape or dtype in place; callers on older
+        # numpy still do it, and numpy versions that removed it cannot make such an array.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            change(a)
+        except AttributeError:
+            pytest.skip("this numpy cannot change an array's shape or dtype in place")
     del a
     for _ in range(6):
         b = pool.get_new_blocks(4)

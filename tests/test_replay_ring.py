@@ -59,6 +59,9 @@ def test_a_reader_sees_every_batch_whole_while_batches_are_appended() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+# Python 3.12+ warns when a process with threads forks (earlier tests' threads, or a
+# library's); this child only touches its copy of the ring and exits.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_forked_child_keeps_using_its_copy_of_the_ring() -> None:
     # The ring has no thread of its own (its first design had a copier thread, which a
     # forked child would lack): a child appends and reads its copy, the parent's is as it was.
