@@ -126,15 +126,21 @@ def test_without_the_flag_the_plugin_changes_nothing(vllm_tests: Path) -> None:
     assert run.stdout.split()[-3] == "vllm.v1.core.kv_cache_utils", run.stdout
 
 
-def test_differential_against_vllm_on_random_workloads(vllm_tests: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """vLLM's real scheduler with vLLM's manager and with kvpool's, 200 random workloads:
-    every scheduler output, engine output, event and free count equal on every step."""
-    run = subprocess.run([sys.executable, "-m", "kvpool.vllm.differential", "--workloads", "200"],
+def run_differential(vllm_tests: Path, capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """Run ``python -m kvpool.vllm.differential *args`` from vLLM's tests folder; its summary line."""
+    run = subprocess.run([sys.executable, "-m", "kvpool.vllm.differential", *args],
                          cwd=vllm_tests, env=vllm_env(vllm_tests), capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     line = run.stdout.strip().splitlines()[-1]
     with capsys.disabled():
         print(f"\n{line}")
+    return line
+
+
+def test_differential_against_vllm_on_random_workloads(vllm_tests: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM's real scheduler with vLLM's manager and with kvpool's, 200 random workloads:
+    every scheduler output, engine output, event and free count equal on every step."""
+    line = run_differential(vllm_tests, capsys, "--workloads", "200")
     assert "200 workloads" in line and "every step equal" in line
 
 
@@ -144,12 +150,7 @@ def test_differential_with_the_cpu_offload_connector(vllm_tests: Path, capsys: p
     windows) over pools small enough that blocks go to the CPU and come back: scheduler
     outputs, the connector's loads and stores, engine outputs, free counts and the CPU pool's
     blocks equal on every step, and the workloads, hybrid ones included, did store and load."""
-    run = subprocess.run([sys.executable, "-m", "kvpool.vllm.differential", "--offload", "--workloads", "42"],
-                         cwd=vllm_tests, env=vllm_env(vllm_tests), capture_output=True, text=True, timeout=1800)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    line = run.stdout.strip().splitlines()[-1]
-    with capsys.disabled():
-        print(f"\n{line}")
+    line = run_differential(vllm_tests, capsys, "--offload", "--workloads", "42")
     assert "42 workloads" in line and "every step equal" in line
     stored, loaded = (int(line.split(word)[0].split()[-1]) for word in (" blocks to the CPU", " back"))
     hybrid_stored, hybrid_loaded = (int(n) for n in line.split("back (")[1].split(" of them")[0].split(" and "))

@@ -51,6 +51,62 @@ def _events(events: list[Any]) -> list[Any]:
     return [repr(e) for e in events]
 
 
+class _Arrivals:
+    """The requests of one workload: arrivals with shared prefixes and aborts, each done on
+    both schedulers alike."""
+
+    def __init__(self, sides: tuple[Any, Any], make_request: Any, block_size: int) -> None:
+        self.sides, self.make_request, self.block_size = sides, make_request, block_size
+        self.next_id = 0
+        self.live: list[str] = []
+
+    def arrive(self, rng: random.Random, prefixes: list[list[int]], max_tail: int, max_tokens: int) -> None:
+        """One request: a shared prefix, up to ``max_tail`` fresh tokens, up to ``max_tokens``
+        to generate."""
+        prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randint(1, max_tail))]
+        tokens = rng.randint(1, max_tokens)
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        for s in self.sides:
+            s.add_request(self.make_request(rid, prompt, tokens, self.block_size))
+        self.live.append(rid)
+
+    def maybe_abort(self, rng: random.Random, probability: float) -> bool:
+        """Abort a live request with ``probability``; whether one was."""
+        from vllm.v1.request import RequestStatus
+
+        if not (self.live and rng.random() < probability):
+            return False
+        rid = rng.choice(self.live)
+        for s in self.sides:
+            s.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+        return True
+
+
+def _update_both(sides: tuple[Any, Any], outs: tuple[Any, Any], step: int, label: str,
+                 connector_output: Any = None) -> None:
+    """Feed both schedulers the same model output for their step (one sampled token per
+    scheduled request, and ``connector_output``) and compare the engine outputs."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(outs[0].num_scheduled_tokens)
+    results = []
+    for s, out in zip(sides, outs):
+        mro = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[(hash((rid, step)) % 900) + 1] for rid in req_ids],
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=[],
+            kv_connector_output=connector_output,
+        )
+        engine = s.update_from_output(out, mro)
+        results.append(sorted((k, [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in v.outputs])
+                              for k, v in engine.items()))
+    assert results[0] == results[1], f"{label} step {step}: engine outputs differ\n{results}"
+
+
 #: What the workloads exercised: steps, prefix-hit tokens, preemptions, aborts, resets.
 SEEN = {"steps": 0, "hit_tokens": 0, "preemptions": 0, "aborts": 0, "resets": 0}
 
@@ -58,8 +114,6 @@ SEEN = {"steps": 0, "hit_tokens": 0, "preemptions": 0, "aborts": 0, "resets": 0}
 def run_workload(seed: int, create_scheduler: Any, make_request: Any) -> int:
     """Runs workload ``seed`` on both schedulers; returns the number of steps compared."""
     import vllm.v1.core.sched.scheduler as sched_module
-    from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import RequestStatus
 
     import kvpool.vllm
     from kvpool.vllm._manager import VllmKVCacheManager
@@ -81,22 +135,12 @@ def run_workload(seed: int, create_scheduler: Any, make_request: Any) -> int:
     assert type(ours.kv_cache_manager).__module__.startswith("kvpool.vllm."), type(ours.kv_cache_manager)
     assert type(theirs.kv_cache_manager) is VllmKVCacheManager
     prefixes = [[rng.randrange(1000) for _ in range(rng.randint(0, 3 * block_size))] for _ in range(3)]
-    next_id, live = 0, []
+    requests = _Arrivals((ours, theirs), make_request, block_size)
     steps = rng.randint(10, 60)
     for step in range(steps):
         for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
-            prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randint(1, 4 * block_size))]
-            max_tokens = rng.randint(1, 24)
-            rid = f"r{next_id}"
-            next_id += 1
-            for s in (ours, theirs):
-                s.add_request(make_request(rid, prompt, max_tokens, block_size))
-            live.append(rid)
-        if live and rng.random() < 0.05:
-            rid = rng.choice(live)
-            for s in (ours, theirs):
-                s.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
-            SEEN["aborts"] += 1
+            requests.arrive(rng, prefixes, max_tail=4 * block_size, max_tokens=24)
+        SEEN["aborts"] += requests.maybe_abort(rng, 0.05)
         if rng.random() < 0.03:
             a, b = ours.reset_prefix_cache(), theirs.reset_prefix_cache()
             assert a == b, f"seed {seed} step {step}: reset_prefix_cache {a} != {b}"
@@ -107,22 +151,7 @@ def run_workload(seed: int, create_scheduler: Any, make_request: Any) -> int:
         SEEN["steps"] += 1
         SEEN["hit_tokens"] += sum(r.num_computed_tokens for r in out_b.scheduled_new_reqs)
         SEEN["preemptions"] += len(out_b.preempted_req_ids or ())
-        req_ids = list(out_a.num_scheduled_tokens)
-        sampled = [[(hash((rid, step)) % 900) + 1] for rid in req_ids]
-        results = []
-        for s, out in ((ours, out_a), (theirs, out_b)):
-            mro = ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=[list(t) for t in sampled],
-                logprobs=None,
-                prompt_logprobs_dict={},
-                pooler_output=[],
-            )
-            engine = s.update_from_output(out, mro)
-            results.append(sorted((k, [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in v.outputs])
-                                  for k, v in engine.items()))
-        assert results[0] == results[1], f"seed {seed} step {step}: engine outputs differ\n{results}"
+        _update_both((ours, theirs), (out_a, out_b), step, f"seed {seed}")
         a_free = ours.kv_cache_manager.block_pool.get_num_free_blocks()
         b_free = theirs.kv_cache_manager.block_pool.get_num_free_blocks()
         assert a_free == b_free, f"seed {seed} step {step}: free blocks {a_free} != {b_free}"
@@ -162,8 +191,7 @@ def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: A
         KVCacheTensor,
         SlidingWindowSpec,
     )
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-    from vllm.v1.request import RequestStatus
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata
 
     import kvpool.vllm
@@ -202,21 +230,12 @@ def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: A
     assert type(ours.kv_cache_manager).__module__.startswith("kvpool.vllm."), type(ours.kv_cache_manager)
     assert type(theirs.kv_cache_manager) is VllmKVCacheManager
     prefixes = [[rng.randrange(1000) for _ in range(rng.randint(16, 96))] for _ in range(rng.randint(2, 5))]
-    next_id, live = 0, []
+    requests = _Arrivals((ours, theirs), make_request, block_size)
     steps = rng.randint(30, 90)
     for step in range(steps):
         for _ in range(rng.choice([0, 0, 1, 1, 2])):
-            prompt = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randint(1, 40))]
-            rid = f"r{next_id}"
-            next_id += 1
-            max_tokens = rng.randint(1, 16)
-            for s in (ours, theirs):
-                s.add_request(make_request(rid, prompt, max_tokens, block_size))
-            live.append(rid)
-        if live and rng.random() < 0.03:
-            rid = rng.choice(live)
-            for s in (ours, theirs):
-                s.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+            requests.arrive(rng, prefixes, max_tail=40, max_tokens=16)
+        requests.maybe_abort(rng, 0.03)
         out_a, out_b = ours.schedule(), theirs.schedule()
         got = (_outputs(out_a), _offload_meta(out_a.kv_connector_metadata))
         want = (_outputs(out_b), _offload_meta(out_b.kv_connector_metadata))
@@ -232,24 +251,9 @@ def run_offload_workload(seed: int, create_vllm_config: Any, create_scheduler: A
         # The fake worker: this step's store and load are done when the step is.
         loaded = set(meta.load_event_to_reqs.get(meta.load_event, ())) if meta.load_event >= 0 else set()
         stored = {meta.store_event: 1} if meta.store_event >= 0 else {}
-        req_ids = list(out_a.num_scheduled_tokens)
-        results = []
-        for s, out in ((ours, out_a), (theirs, out_b)):
-            mro = ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=[[(hash((rid, step)) % 900) + 1] for rid in req_ids],
-                logprobs=None,
-                prompt_logprobs_dict={},
-                pooler_output=[],
-                kv_connector_output=KVConnectorOutput(
-                    finished_recving=loaded or None,
-                    kv_connector_worker_meta=SimpleCPUOffloadWorkerMetadata(completed_store_events=dict(stored))),
-            )
-            engine = s.update_from_output(out, mro)
-            results.append(sorted((k, [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in v.outputs])
-                                  for k, v in engine.items()))
-        assert results[0] == results[1], f"offload seed {seed} step {step}: engine outputs differ\n{results}"
+        _update_both((ours, theirs), (out_a, out_b), step, f"offload seed {seed}", KVConnectorOutput(
+            finished_recving=loaded or None,
+            kv_connector_worker_meta=SimpleCPUOffloadWorkerMetadata(completed_store_events=dict(stored))))
         a_free = ours.kv_cache_manager.block_pool.get_num_free_blocks()
         b_free = theirs.kv_cache_manager.block_pool.get_num_free_blocks()
         assert a_free == b_free, f"offload seed {seed} step {step}: free blocks {a_free} != {b_free}"
