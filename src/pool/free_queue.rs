@@ -438,31 +438,69 @@ impl FreeQueue {
     /// The queued ids from head to tail.
     pub fn iter<'a>(&'a self, slab: &'a Slab) -> impl Iterator<Item = u32> + 'a {
         let stack = self.stack.iter().rev().copied().filter(|&id| id != NIL);
-        let fresh = (self.fresh_next..self.fresh_end)
+        stack
+            .chain(self.fresh_from(slab, self.fresh_next))
+            .chain(self.list_order(slab))
+    }
+
+    /// The fresh range's blocks from id `first` on, in id order.
+    fn fresh_from<'a>(&'a self, slab: &'a Slab, first: u32) -> impl Iterator<Item = u32> + 'a {
+        // Live fresh blocks at or after `first`: all of them from the range's start;
+        // from inside it, at most all (the scan stops at the range's end).
+        let bound = if first <= self.fresh_next {
+            self.fresh_live as usize
+        } else {
+            usize::MAX
+        };
+        (first.max(self.fresh_next)..self.fresh_end)
             .filter(move |&id| id < slab.len() && slab.get(id).next == FRESH)
-            .take(self.fresh_live as usize);
-        stack.chain(fresh).chain(self.list_order(slab))
+            .take(bound)
     }
 
     /// The queued ids after `cursor`, head to tail (from the head when `cursor` is
     /// `None`; nothing when `cursor` is not queued), at most `max`, appended to `out`.
-    /// O(max) under LRU when `cursor` is in the list (the cached blocks); otherwise
-    /// O(position of `cursor` + max).
+    /// O(max) to go on from a block on the stack or in the fresh range, and from one in
+    /// the list under LRU (the walk starts at the cursor's own place: a stacked block's
+    /// index, a fresh block's id, a listed block's links); O(position of `cursor` in
+    /// the lists + max) from a listed block under the other policies, whose lists are
+    /// merged as they are read.
     pub fn ids_after(&self, slab: &Slab, cursor: Option<u32>, max: usize, out: &mut Vec<u32>) {
         let Some(cursor) = cursor else {
             out.extend(self.iter(slab).take(max));
             return;
         };
-        if let Some(rest) = self.lists.iter_after_single(slab, cursor) {
-            out.extend(rest.take(max));
-            return;
-        }
         if cursor >= slab.len() || slab.get(cursor).ref_cnt != 0 {
             return;
         }
-        let mut rest = self.iter(slab).skip_while(|&id| id != cursor);
-        if rest.next().is_some() {
-            out.extend(rest.take(max));
+        match Place::of(slab.get(cursor)) {
+            Place::Stack(index) => {
+                debug_assert_eq!(self.stack.get(index as usize), Some(&cursor));
+                let below = self.stack[..index as usize]
+                    .iter()
+                    .rev()
+                    .copied()
+                    .filter(|&id| id != NIL);
+                let rest = below
+                    .chain(self.fresh_from(slab, self.fresh_next))
+                    .chain(self.list_order(slab));
+                out.extend(rest.take(max));
+            }
+            Place::Fresh => {
+                let rest = self
+                    .fresh_from(slab, cursor + 1)
+                    .chain(self.list_order(slab));
+                out.extend(rest.take(max));
+            }
+            Place::List => {
+                if let Some(rest) = self.lists.iter_after_single(slab, cursor) {
+                    out.extend(rest.take(max));
+                    return;
+                }
+                let mut rest = self.list_order(slab).skip_while(|&id| id != cursor);
+                if rest.next().is_some() {
+                    out.extend(rest.take(max));
+                }
+            }
         }
     }
 
@@ -592,8 +630,10 @@ mod tests {
         };
         assert_eq!(after(&q, &slab, None, 99), order(&slab, &q));
         assert_eq!(after(&q, &slab, None, 2), vec![3, 2]);
+        assert_eq!(after(&q, &slab, Some(3), 99), vec![2, 5, 6, 7, 0, 1, 4]);
         assert_eq!(after(&q, &slab, Some(2), 99), vec![5, 6, 7, 0, 1, 4]);
         assert_eq!(after(&q, &slab, Some(6), 2), vec![7, 0]);
+        assert_eq!(after(&q, &slab, Some(5), 99), vec![6, 7, 0, 1, 4]);
         // From the list: read by its links, up to the tail.
         assert_eq!(after(&q, &slab, Some(0), 99), vec![1, 4]);
         assert_eq!(after(&q, &slab, Some(1), 1), vec![4]);
@@ -603,6 +643,31 @@ mod tests {
         slab.get_mut(1).ref_cnt = 1;
         assert_eq!(after(&q, &slab, Some(1), 99), Vec::<u32>::new());
         assert_eq!(after(&q, &slab, Some(0), 99), vec![4]);
+    }
+
+    #[test]
+    fn ids_after_skip_tombstones_and_taken_fresh_blocks() {
+        let (mut slab, mut q) = queue_of(10);
+        take(&mut slab, &mut q, 4);
+        push_front(&mut q, &mut slab, &[0, 1, 2, 3]);
+        // stack [0, 1, 2, 3] (0 on top), fresh [4..10]; take 2 from the stack's middle
+        // (a tombstone) and 6 from the fresh range's middle.
+        q.remove(&mut slab, 2);
+        slab.get_mut(2).ref_cnt = 1;
+        q.remove(&mut slab, 6);
+        slab.get_mut(6).ref_cnt = 1;
+        let after = |cursor| {
+            let mut out = vec![];
+            q.ids_after(&slab, Some(cursor), 99, &mut out);
+            out
+        };
+        let whole = order(&slab, &q);
+        assert_eq!(whole, vec![0, 1, 3, 4, 5, 7, 8, 9]);
+        for (i, &cursor) in whole.iter().enumerate() {
+            assert_eq!(after(cursor), whole[i + 1..].to_vec(), "after {cursor}");
+        }
+        assert_eq!(after(2), Vec::<u32>::new());
+        assert_eq!(after(6), Vec::<u32>::new());
     }
 
     #[test]
