@@ -474,12 +474,16 @@ impl FreeQueue {
         }
         match Place::of(slab.get(cursor)) {
             Place::Stack(index) => {
-                debug_assert_eq!(self.stack.get(index as usize), Some(&cursor));
-                let below = self.stack[..index as usize]
-                    .iter()
-                    .rev()
-                    .copied()
-                    .filter(|&id| id != NIL);
+                // A stacked block's `prev` is its index (the invariant walk checks it).
+                let Some(below) = self
+                    .stack
+                    .get(..index as usize)
+                    .filter(|_| self.stack.get(index as usize) == Some(&cursor))
+                else {
+                    debug_assert!(false, "block {cursor} is not at stack index {index}");
+                    return;
+                };
+                let below = below.iter().rev().copied().filter(|&id| id != NIL);
                 let rest = below
                     .chain(self.fresh_from(slab, self.fresh_next))
                     .chain(self.list_order(slab));
