@@ -250,19 +250,17 @@ impl ClassLists {
 }
 
 impl ClassLists {
-    /// The blocks after `id` in its list, up to the list's tail, when `id` is queued in
-    /// the one list of a single-class queue; `None` otherwise (several classes, or `id`
-    /// not in the list). O(1) to start.
+    /// The blocks after `id` in its list, up to the list's tail, when `id` is in the one
+    /// list of a single-class queue; `None` otherwise (several classes, or `id` linked
+    /// into no list). `id` is a free block neither stacked nor fresh (the caller,
+    /// `FreeQueue::ids_after`, has checked). O(1) to start.
     pub fn iter_after_single<'a>(&self, slab: &'a Slab, id: u32) -> Option<ClassIter<'a>> {
-        if self.ends.len() != 1 || id >= slab.len() {
+        if self.ends.len() != 1 {
             return None;
         }
         let meta = slab.get(id);
-        let queued = meta.ref_cnt == 0
-            && meta.next != super::free_queue::STACKED
-            && meta.next != super::free_queue::FRESH
-            && (meta.prev != NIL || self.ends[0].head == id);
-        queued.then_some(ClassIter {
+        let listed = meta.prev != NIL || self.ends[0].head == id;
+        listed.then_some(ClassIter {
             slab,
             next: meta.next,
             remaining: self.ends[0].len as usize,
