@@ -10,6 +10,8 @@ blocks), and keeps the last one as its cursor. Measured over a queue of
 - ``fresh``: a pool as built, every block never used;
 - ``freed``: every block allocated and freed without a hash (vLLM puts such blocks at the
   queue's head; kvpool keeps them on a stack);
+- ``cached``: every block allocated, given a 32-byte hash (so that the walk reads a
+  ``BlockHashWithGroupId`` from each, as on a warm server) and freed;
 
 until the walk reaches the queue's tail. Prints µs per step for each pool, both pools
 interleaved in one process, and the ratio. Needs vLLM (imported for its ``BlockPool``;
@@ -34,8 +36,17 @@ def make_pool(which: str, num_blocks: int, shape: str) -> Any:
     else:
         from kvpool.vllm.single_type import BlockPool
     pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=16)
-    if shape == "freed":
+    if shape in ("freed", "cached"):
         blocks = pool.get_new_blocks(pool.get_num_free_blocks())
+        if shape == "cached":
+            for block in blocks:
+                key = block.block_id.to_bytes(32, "big")
+                if which == "vllm":
+                    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+                    block.set_block_hash(make_block_hash_with_group_id(key, 0), 16)
+                else:
+                    pool._pool._set_block_hash(block.block_id, key, 0, num_tokens=16)  # its own hook
         pool.free_blocks(reversed(blocks))
     return pool
 
@@ -76,7 +87,7 @@ def main() -> None:
         sides = ["vllm", "kvpool"]
     except ImportError:
         sides = ["kvpool"]
-    for shape in ("fresh", "freed"):
+    for shape in ("fresh", "freed", "cached"):
         per_step: dict[str, list[float]] = {side: [] for side in sides}
         for _ in range(args.rounds):
             for side in sides:

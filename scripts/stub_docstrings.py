@@ -30,6 +30,8 @@ def runtime_doc(module: Any, path: list[str]) -> str | None:
             break
         owner = obj
         obj = inspect.getattr_static(owner, name, None) if inspect.isclass(owner) else getattr(owner, name, None)
+        if isinstance(obj, (staticmethod, classmethod)):
+            obj = obj.__func__  # the wrapper's own doc is Python's generic one
         if obj is None:
             return None
     if path[-1] == "__new__":

@@ -18,6 +18,8 @@ mod _core {
     #[pymodule_export]
     use crate::bindings::block_tables::PyBlockTables;
     #[pymodule_export]
+    use crate::bindings::block_view::{PyBlockView, PyFreeBlockWalk};
+    #[pymodule_export]
     use crate::bindings::eviction_args::ghost_fingerprint;
     #[pymodule_export]
     use crate::bindings::group_hit::find_group_hit;

@@ -633,6 +633,76 @@ class ZmqSink:
         """The libzmq version in use, ``(major, minor, patch)``."""
 
 @final
+class KVCacheBlockView:
+    """One block of a ``kvpool.BlockPool`` as vLLM's ``KVCacheBlock``: ``block_id``,
+    ``ref_cnt``, ``block_hash`` (vLLM's ``BlockHashWithGroupId``), ``is_null``,
+    ``block_hash_num_tokens`` and the free-list neighbours, read from the pool each
+    time. Two views are equal when they show the same block of the same pool.
+    """
+
+    def __new__(cls, pool: BlockPool, block_id: int) -> KVCacheBlockView: ...
+    @staticmethod
+    def of_ids(pool: BlockPool, block_ids: _IdsLike) -> list[KVCacheBlockView]:
+        """Views of ``block_ids`` (a numpy integer array or a sequence of ints), in order,
+        as a list: what vLLM's ``get_new_blocks`` and ``KVCacheBlocks.blocks`` hold.
+        Every id is checked before any view is made.
+        """
+    @staticmethod
+    def free_after(pool: BlockPool, cursor: int | None, max_blocks: int) -> list[KVCacheBlockView]:
+        """Views of the free blocks after ``cursor`` (a block id, or None for the queue's
+        head) in eviction order, at most ``max_blocks`` of them: ``BlockPool``'s
+        ``free_block_ids_after`` as blocks, for walks of the free queue.
+        """
+    @property
+    def block_id(self) -> int:
+        """The block's id."""
+    @property
+    def ref_cnt(self) -> int:
+        """The block's reference count, now."""
+    @property
+    def is_null(self) -> bool:
+        """True for block 0, the null block."""
+    @property
+    def block_hash(self) -> bytes | None:
+        """The block's key as vLLM's ``BlockHashWithGroupId`` (the hash, then the group id
+        as 4 big-endian bytes), or None while it holds no key.
+        """
+    @property
+    def block_hash_num_tokens(self) -> int | None:
+        """The length of the sequence the block's key covers, or None while it holds none."""
+    @property
+    def next_free_block(self) -> Any:
+        """The next block in the free queue (its fake tail after the last one), or None
+        when the block is not free.
+        """
+    @property
+    def prev_free_block(self) -> Any:
+        """The previous block in the free queue (its fake head before the first one), or
+        None when the block is not free.
+        """
+    @property
+    def _num_tokens_when_unkeyed(self) -> int | None:
+        """The token count recorded when the view's key was taken away, or None."""
+    @_num_tokens_when_unkeyed.setter
+    def _num_tokens_when_unkeyed(self, value: int | None) -> None:
+        """The token count recorded when the view's key was taken away, or None."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class FreeBlockWalk:
+    """The free blocks after a cursor, in eviction order, as ``KVCacheBlockView``s: vLLM's
+    ``FreeKVCacheBlockQueue.iter_blocks_after``. Ids are read from the pool in growing
+    batches, each going on after the last block read, so a block freed or taken
+    meanwhile is seen as vLLM's linked list would show it; nothing when the cursor is
+    not free.
+    """
+
+    def __new__(cls, pool: BlockPool, cursor: int | None = None) -> FreeBlockWalk: ...
+    def __iter__(self) -> FreeBlockWalk: ...
+    def __next__(self) -> KVCacheBlockView: ...
+
+@final
 class StepResult:
     """What ``schedule_step`` did, per request in the order given.
 

@@ -80,7 +80,8 @@ impl PyBlockPool {
         .map(drop)
     }
 
-    fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    /// `obj`'s block ids (numpy array or sequence), each checked against the pool.
+    pub(super) fn ids(&self, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         let mut ids = Vec::new();
         extract_block_ids(obj, self.config.num_blocks, &mut ids)?;
         Ok(ids)
@@ -925,7 +926,8 @@ impl PyBlockPool {
 }
 
 impl PyBlockPool {
-    fn one_id(&self, obj: &Bound<'_, PyAny>) -> PyResult<u32> {
+    /// `obj` as one of the pool's block ids (`InvalidBlockIdError` when out of range).
+    pub(super) fn one_id(&self, obj: &Bound<'_, PyAny>) -> PyResult<u32> {
         let id = int_arg(obj, "block_id", i64::MIN, i64::MAX)?;
         if id < 0 || id >= self.config.num_blocks as i64 {
             return Err(error(

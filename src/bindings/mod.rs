@@ -4,6 +4,7 @@
 pub mod array_reader;
 pub mod block_pool;
 pub mod block_tables;
+pub mod block_view;
 pub mod bytes_reader;
 pub mod convert;
 pub mod errors;

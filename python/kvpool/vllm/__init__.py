@@ -27,6 +27,9 @@ _NAMES = {
     "KvpoolEventPublisher": "kvpool.vllm.events",
     "Scheduler": "kvpool.vllm.scheduler",
     "install": "kvpool.vllm.scheduler",
+    # Blocks as vLLM's ``KVCacheBlock``, made in Rust (no vLLM import).
+    "FreeBlockWalk": "kvpool._core",
+    "KVCacheBlockView": "kvpool._core",
 }
 
 #: Names exported under another name than their module's.

@@ -30,51 +30,16 @@ import kvpool
 _QUEUES: weakref.WeakValueDictionary[int, FreeQueueView] = weakref.WeakValueDictionary()
 
 
-class BlockView:
-    """One block as a ``KVCacheBlock``: id, live reference count and hash, ``is_null``."""
+#: One block as vLLM's ``KVCacheBlock`` (``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``,
+#: ``block_hash_num_tokens``, ``next_free_block``/``prev_free_block``), read from Rust each time;
+#: ``BlockView.of_ids(pool, ids)`` makes a list of them in one call.
+BlockView = kvpool._core.KVCacheBlockView
 
-    __slots__ = ("_pool", "block_id", "_num_tokens_when_unkeyed")
-    # Set only by ``_CacheDict.pop``: what ``block_hash_num_tokens`` read when it took this
-    # block's key away, for the assignment that puts it back (vLLM's block keeps its fields).
-    _num_tokens_when_unkeyed: int | None
 
-    def __init__(self, pool: kvpool.BlockPool, block_id: int) -> None:
-        self._pool = pool
-        self.block_id = block_id
-
-    @property
-    def ref_cnt(self) -> int:
-        return self._pool.ref_count(self.block_id)
-
-    @property
-    def is_null(self) -> bool:
-        return self.block_id == 0
-
-    @property
-    def block_hash(self) -> Any:
-        key = self._pool.block_hash(self.block_id)
-        return None if key is None else make_block_hash_with_group_id(key[0], key[1])
-
-    @property
-    def next_free_block(self) -> Any:
-        return _QUEUES[id(self._pool)]._neighbour(self.block_id, +1)
-
-    @property
-    def prev_free_block(self) -> Any:
-        return _QUEUES[id(self._pool)]._neighbour(self.block_id, -1)
-
-    @property
-    def block_hash_num_tokens(self) -> int | None:
-        return self._pool.block_hash_num_tokens(self.block_id)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, BlockView) and other._pool is self._pool and other.block_id == self.block_id
-
-    def __hash__(self) -> int:
-        return hash(self.block_id)
-
-    def __repr__(self) -> str:
-        return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, block_hash={self.block_hash!r})"
+def _neighbour_of(pool: kvpool.BlockPool, block_id: int, step: int) -> Any:
+    """A block view's ``next_free_block`` (``step`` 1) or ``prev_free_block`` (-1), from its
+    pool's free-queue view."""
+    return _QUEUES[id(pool)]._neighbour(block_id, step)
 
 
 class BlockList(Sequence[BlockView]):
@@ -95,8 +60,7 @@ class BlockList(Sequence[BlockView]):
         return BlockView(self._pool, int(self.ids[index]))
 
     def __iter__(self) -> Iterator[BlockView]:
-        pool = self._pool
-        return (BlockView(pool, i) for i in self.ids.tolist())
+        return iter(BlockView.of_ids(self._pool, self.ids))
 
     def __bool__(self) -> bool:
         return len(self.ids) > 0
@@ -215,7 +179,7 @@ class FreeQueueView:
         return self._pool.get_num_free_blocks()
 
     def get_all_free_blocks(self) -> list[BlockView]:
-        return [BlockView(self._pool, i) for i in self._pool.free_block_ids().tolist()]
+        return BlockView.of_ids(self._pool, self._pool.free_block_ids())  # type: ignore[no-any-return]
 
     def iter_blocks_after(self, cursor: Any) -> Iterator[BlockView]:
         """The free blocks after ``cursor`` (a block, or ``None`` for the head), in eviction
@@ -224,16 +188,7 @@ class FreeQueueView:
         not the whole queue. Each batch continues after the last block read, so a block freed
         or taken meanwhile is seen as vLLM's linked list would show it; nothing when
         ``cursor`` is not free."""
-        at = None if cursor is None else cursor.block_id
-        batch = 16
-        while True:
-            ids = self._pool.free_block_ids_after(at, batch)
-            for block_id in ids.tolist():
-                yield BlockView(self._pool, block_id)
-            if len(ids) < batch:
-                return
-            at = int(ids[-1])
-            batch = min(batch * 4, 4096)
+        return kvpool._core.FreeBlockWalk(self._pool, None if cursor is None else cursor.block_id)  # type: ignore[no-any-return]
 
 
 class _AllBlocks(Sequence[BlockView]):
@@ -245,7 +200,7 @@ class _AllBlocks(Sequence[BlockView]):
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
-            return [BlockView(self._pool, i) for i in range(self._pool.num_blocks)[index]]
+            return BlockView.of_ids(self._pool, range(self._pool.num_blocks)[index])
         if index < 0:
             index += self._pool.num_blocks
         if not 0 <= index < self._pool.num_blocks:

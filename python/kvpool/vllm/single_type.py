@@ -119,7 +119,7 @@ class BlockPool(BlockPoolView):
         """``num_blocks`` blocks from the free queue's head (evicting their keys), each with one
         reference."""
         pool = self._pool
-        return [BlockView(pool, i) for i in pool.get_new_blocks(num_blocks).tolist()]
+        return BlockView.of_ids(pool, pool.get_new_blocks(num_blocks))  # type: ignore[no-any-return]
 
 
 class _RequestBlocks(MutableMapping[Any, list[Any]]):
@@ -134,9 +134,8 @@ class _RequestBlocks(MutableMapping[Any, list[Any]]):
     def _ids(self, request_id: str) -> list[int]:
         return self._manager._tables.get_blocks(request_id)[0].tolist()  # type: ignore[no-any-return]
 
-    def _views(self, ids: Iterable[int]) -> list[BlockView]:
-        pool = self._manager._pool
-        return [BlockView(pool, i) for i in ids]
+    def _views(self, ids: list[int]) -> list[BlockView]:
+        return BlockView.of_ids(self._manager._pool, ids)  # type: ignore[no-any-return]
 
     def _sync(self, request_id: str) -> None:
         held = self._lists.get(request_id)
@@ -303,7 +302,7 @@ class _SingleTypeManager:
         ids = self._tables.group_allocate_new_blocks(request_id, 0, num_tokens)
         self.req_to_blocks._sync(request_id)
         pool = self._pool
-        return [BlockView(pool, i) for i in ids.tolist()]
+        return BlockView.of_ids(pool, ids)  # type: ignore[no-any-return]
 
     def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None, *,
                      replay_boundaries: Sequence[int] = ()) -> None:
@@ -349,7 +348,7 @@ class _SingleTypeManager:
         pool = block_pool._pool
         tables, hit = kvpool.find_group_hit(pool, group, [pool_key(h) for h in block_hashes], max_length,
                                             group_ids=kv_cache_group_ids, alignment_tokens=alignment_tokens)
-        return tuple([BlockView(pool, i) for i in t.tolist()] for t in tables), hit
+        return tuple(BlockView.of_ids(pool, t) for t in tables), hit
 
 
 def _group_of(kv_cache_spec: Any, specs: tuple[type, ...]) -> tuple[str, int | None, int]:

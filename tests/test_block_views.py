@@ -1,0 +1,163 @@
+"""``KVCacheBlockView`` and ``FreeBlockWalk``: the block objects ``kvpool.vllm`` hands to vLLM's
+code, made in Rust. Each reads its pool when asked; the walk yields the free queue as
+``free_block_ids_after`` reads it, batch after batch. (Compared with vLLM's own blocks and
+free queue in ``test_vllm_offload_reads.py`` and the offload differential.)"""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+
+import numpy as np
+import pytest
+
+import kvpool
+from kvpool._core import FreeBlockWalk, KVCacheBlockView
+
+
+def scrambled_pool(num_blocks: int, seed: int = 0) -> kvpool.BlockPool:
+    """A pool whose free queue holds cached blocks in a shuffled order and uncached ones."""
+    rng = random.Random(seed)
+    pool = kvpool.BlockPool(num_blocks, enable_caching=True, block_size=16)
+    ids = pool.get_new_blocks(num_blocks - 1)
+    hashed = ids[: len(ids) // 2]
+    pool.cache_full_blocks(hashed, [i.to_bytes(32, "big") for i in range(len(hashed))], 0, len(hashed))
+    order = ids.tolist()
+    rng.shuffle(order)
+    pool.free_blocks(np.array(order, dtype=np.int32))
+    return pool
+
+
+def test_a_view_reads_its_block_now() -> None:
+    pool = kvpool.BlockPool(8, enable_caching=True, block_size=16)
+    view = KVCacheBlockView(pool, 3)
+    assert (view.block_id, view.ref_cnt, view.block_hash, view.is_null) == (3, 0, None, False)
+    assert KVCacheBlockView(pool, 0).is_null
+    ids = pool.get_new_blocks(7)
+    views = KVCacheBlockView.of_ids(pool, ids)
+    assert [v.block_id for v in views] == ids.tolist()
+    pool.cache_full_blocks(ids[:1], [b"\x07" * 32], 0, 1, group_id=2)
+    first = views[0]
+    assert first.ref_cnt == 1
+    # vLLM's BlockHashWithGroupId: the hash, then the group as 4 bytes big-endian.
+    assert first.block_hash == b"\x07" * 32 + (2).to_bytes(4, "big")
+    assert first.block_hash_num_tokens == 16
+    assert repr(first) == f"KVCacheBlock(block_id={first.block_id}, ref_cnt=1, block_hash={first.block_hash!r})"
+    pool.free_blocks(ids)
+    assert first.ref_cnt == 0
+
+
+def test_views_compare_by_pool_and_block() -> None:
+    a, b = (kvpool.BlockPool(4, enable_caching=True, block_size=16) for _ in range(2))
+    assert KVCacheBlockView(a, 1) == KVCacheBlockView(a, 1)
+    assert KVCacheBlockView(a, 1) != KVCacheBlockView(a, 2)
+    assert KVCacheBlockView(a, 1) != KVCacheBlockView(b, 1)
+    assert KVCacheBlockView(a, 1) != 1
+    assert len({KVCacheBlockView(a, 1), KVCacheBlockView(a, 1), KVCacheBlockView(a, 2)}) == 2
+
+
+def test_views_keep_their_pool_and_stay_off_the_collectors_lists() -> None:
+    pool = kvpool.BlockPool(6, enable_caching=True, block_size=16)
+    views = KVCacheBlockView.of_ids(pool, [1, 2])
+    walked = list(FreeBlockWalk(pool))
+    del pool
+    gc.collect()
+    assert views[0].ref_cnt == 0 and len(walked) == 5
+    # A view refers to nothing that could refer back to it: the collector need not see it.
+    assert not any(gc.is_tracked(v) for v in views + walked)
+
+
+def test_the_unkeyed_token_count_is_kept_on_the_view() -> None:
+    view = KVCacheBlockView(kvpool.BlockPool(4, enable_caching=True, block_size=16), 1)
+    assert view._num_tokens_when_unkeyed is None
+    view._num_tokens_when_unkeyed = 48
+    assert view._num_tokens_when_unkeyed == 48
+    with pytest.raises(kvpool.InvalidArgumentError):
+        view._num_tokens_when_unkeyed = -5
+    with pytest.raises(kvpool.DtypeError):
+        view._num_tokens_when_unkeyed = "48"
+    assert view._num_tokens_when_unkeyed == 48
+    view._num_tokens_when_unkeyed = None
+    assert view._num_tokens_when_unkeyed is None
+
+
+def test_bad_input_is_refused() -> None:
+    pool = kvpool.BlockPool(4, enable_caching=True, block_size=16)
+    with pytest.raises(kvpool.DtypeError):
+        KVCacheBlockView(object(), 1)  # type: ignore[arg-type]
+    with pytest.raises(kvpool.DtypeError):
+        KVCacheBlockView(pool, "1")  # type: ignore[arg-type]
+    for bad in (-1, 4, 2**40):
+        with pytest.raises(kvpool.InvalidBlockIdError):
+            KVCacheBlockView(pool, bad)
+        with pytest.raises(kvpool.InvalidBlockIdError):
+            KVCacheBlockView.of_ids(pool, [1, 2, bad])
+        with pytest.raises(kvpool.InvalidBlockIdError):
+            FreeBlockWalk(pool, bad)
+        with pytest.raises(kvpool.InvalidBlockIdError):
+            KVCacheBlockView.free_after(pool, bad, 1)
+    with pytest.raises(kvpool.DtypeError):
+        KVCacheBlockView.of_ids(pool, [1.5])
+    with pytest.raises(kvpool.InvalidArgumentError):
+        KVCacheBlockView.free_after(pool, None, -1)
+    with pytest.raises(kvpool.DtypeError):
+        FreeBlockWalk(None)  # type: ignore[arg-type]
+    assert pool.get_num_free_blocks() == 3  # nothing changed
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("num_blocks", [1, 2, 17, 100, 6_000])
+def test_a_walk_yields_the_free_queue_in_order(num_blocks: int) -> None:
+    # 6,000 blocks cross every batch size (16, 64, 256, 1,024, 4,096, then 4,096 again).
+    pool = scrambled_pool(num_blocks, seed=num_blocks)
+    order = pool.free_block_ids().tolist()
+    assert [v.block_id for v in FreeBlockWalk(pool)] == order
+    assert [v.block_id for v in KVCacheBlockView.free_after(pool, None, num_blocks)] == order
+    rng = random.Random(num_blocks)
+    for cursor in rng.sample(order, min(5, len(order))):
+        after = order[order.index(cursor) + 1:]
+        assert [v.block_id for v in FreeBlockWalk(pool, cursor)] == after
+        assert [v.block_id for v in KVCacheBlockView.free_after(pool, cursor, 7)] == after[:7]
+
+
+def test_a_walk_from_a_block_in_use_yields_nothing() -> None:
+    pool = scrambled_pool(50)
+    taken = int(pool.get_new_blocks(1)[0])
+    assert list(FreeBlockWalk(pool, taken)) == []
+    assert KVCacheBlockView.free_after(pool, taken, 10) == []
+
+
+def test_a_walk_goes_on_after_the_last_block_it_read() -> None:
+    # Each batch starts after the last block of the one before, as vLLM's list goes on from
+    # the block the walk stands on: blocks taken from the head meanwhile do not matter,
+    # unless that block was one of them, which ends the walk (vLLM unlinks a taken block,
+    # so its walk ends there too).
+    for taken, rest in ((10, slice(16, None)), (20, slice(0, 0))):
+        pool = scrambled_pool(200, seed=3)
+        order = pool.free_block_ids().tolist()
+        walk = FreeBlockWalk(pool)
+        assert [next(walk).block_id for _ in range(16)] == order[:16]  # the first batch
+        assert pool.get_new_blocks(taken).tolist() == order[:taken]
+        assert [v.block_id for v in walk] == order[rest]
+
+
+def test_threads_sharing_a_walk_see_each_block_once() -> None:
+    pool = scrambled_pool(30_000, seed=5)
+    order = pool.free_block_ids().tolist()
+    walk = FreeBlockWalk(pool)
+    seen: list[list[int]] = [[], []]
+
+    def take(out: list[int]) -> None:
+        for view in walk:
+            out.append(view.block_id)
+
+    threads = [threading.Thread(target=take, args=(seen[i],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seen[0] + seen[1]) == sorted(order)
+    for part in seen:  # each thread's share comes in queue order
+        position = [order.index(b) for b in part[:200]]
+        assert position == sorted(position)
