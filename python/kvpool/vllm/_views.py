@@ -179,7 +179,7 @@ class FreeQueueView:
         return self._pool.get_num_free_blocks()
 
     def get_all_free_blocks(self) -> list[BlockView]:
-        return BlockView.of_ids(self._pool, self._pool.free_block_ids())  # type: ignore[no-any-return]
+        return BlockView.of_ids(self._pool, self._pool.free_block_ids())
 
     def iter_blocks_after(self, cursor: Any) -> Iterator[BlockView]:
         """The free blocks after ``cursor`` (a block, or ``None`` for the head), in eviction
@@ -188,7 +188,7 @@ class FreeQueueView:
         not the whole queue. Each batch continues after the last block read, so a block freed
         or taken meanwhile is seen as vLLM's linked list would show it; nothing when
         ``cursor`` is not free."""
-        return kvpool._core.FreeBlockWalk(self._pool, None if cursor is None else cursor.block_id)  # type: ignore[no-any-return]
+        return kvpool._core.FreeBlockWalk(self._pool, None if cursor is None else cursor.block_id)
 
 
 class _AllBlocks(Sequence[BlockView]):

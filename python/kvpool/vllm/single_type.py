@@ -119,7 +119,7 @@ class BlockPool(BlockPoolView):
         """``num_blocks`` blocks from the free queue's head (evicting their keys), each with one
         reference."""
         pool = self._pool
-        return BlockView.of_ids(pool, pool.get_new_blocks(num_blocks))  # type: ignore[no-any-return]
+        return BlockView.of_ids(pool, pool.get_new_blocks(num_blocks))
 
 
 class _RequestBlocks(MutableMapping[Any, list[Any]]):
@@ -135,7 +135,7 @@ class _RequestBlocks(MutableMapping[Any, list[Any]]):
         return self._manager._tables.get_blocks(request_id)[0].tolist()  # type: ignore[no-any-return]
 
     def _views(self, ids: list[int]) -> list[BlockView]:
-        return BlockView.of_ids(self._manager._pool, ids)  # type: ignore[no-any-return]
+        return BlockView.of_ids(self._manager._pool, ids)
 
     def _sync(self, request_id: str) -> None:
         held = self._lists.get(request_id)
@@ -302,7 +302,7 @@ class _SingleTypeManager:
         ids = self._tables.group_allocate_new_blocks(request_id, 0, num_tokens)
         self.req_to_blocks._sync(request_id)
         pool = self._pool
-        return BlockView.of_ids(pool, ids)  # type: ignore[no-any-return]
+        return BlockView.of_ids(pool, ids)
 
     def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None, *,
                      replay_boundaries: Sequence[int] = ()) -> None:
