@@ -95,12 +95,8 @@ def test_bad_input_is_refused() -> None:
             KVCacheBlockView.of_ids(pool, [1, 2, bad])
         with pytest.raises(kvpool.InvalidBlockIdError):
             FreeBlockWalk(pool, bad)
-        with pytest.raises(kvpool.InvalidBlockIdError):
-            KVCacheBlockView.free_after(pool, bad, 1)
     with pytest.raises(kvpool.DtypeError):
         KVCacheBlockView.of_ids(pool, [1.5])
-    with pytest.raises(kvpool.InvalidArgumentError):
-        KVCacheBlockView.free_after(pool, None, -1)
     with pytest.raises(kvpool.DtypeError):
         FreeBlockWalk(None)  # type: ignore[arg-type]
     assert pool.get_num_free_blocks() == 3  # nothing changed
@@ -113,19 +109,16 @@ def test_a_walk_yields_the_free_queue_in_order(num_blocks: int) -> None:
     pool = scrambled_pool(num_blocks, seed=num_blocks)
     order = pool.free_block_ids().tolist()
     assert [v.block_id for v in FreeBlockWalk(pool)] == order
-    assert [v.block_id for v in KVCacheBlockView.free_after(pool, None, num_blocks)] == order
     rng = random.Random(num_blocks)
     for cursor in rng.sample(order, min(5, len(order))):
         after = order[order.index(cursor) + 1:]
         assert [v.block_id for v in FreeBlockWalk(pool, cursor)] == after
-        assert [v.block_id for v in KVCacheBlockView.free_after(pool, cursor, 7)] == after[:7]
 
 
 def test_a_walk_from_a_block_in_use_yields_nothing() -> None:
     pool = scrambled_pool(50)
     taken = int(pool.get_new_blocks(1)[0])
     assert list(FreeBlockWalk(pool, taken)) == []
-    assert KVCacheBlockView.free_after(pool, taken, 10) == []
 
 
 def test_a_walk_goes_on_after_the_last_block_it_read() -> None:

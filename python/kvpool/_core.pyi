@@ -647,12 +647,6 @@ class KVCacheBlockView:
         as a list: what vLLM's ``get_new_blocks`` and ``KVCacheBlocks.blocks`` hold.
         Every id is checked before any view is made.
         """
-    @staticmethod
-    def free_after(pool: BlockPool, cursor: int | None, max_blocks: int) -> list[KVCacheBlockView]:
-        """Views of the free blocks after ``cursor`` (a block id, or None for the queue's
-        head) in eviction order, at most ``max_blocks`` of them: ``BlockPool``'s
-        ``free_block_ids_after`` as blocks, for walks of the free queue.
-        """
     @property
     def block_id(self) -> int:
         """The block's id."""

@@ -98,30 +98,6 @@ impl PyBlockView {
         Self::list_of(pool, &ids)
     }
 
-    /// Views of the free blocks after ``cursor`` (a block id, or None for the queue's
-    /// head) in eviction order, at most ``max_blocks`` of them: ``BlockPool``'s
-    /// ``free_block_ids_after`` as blocks, for walks of the free queue.
-    #[staticmethod]
-    #[pyo3(signature = (pool, cursor, max_blocks))]
-    fn free_after<'py>(
-        pool: &Bound<'py, PyAny>,
-        cursor: Option<&Bound<'py, PyAny>>,
-        max_blocks: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let py = pool.py();
-        let pool = pool_arg(pool)?;
-        let cursor = match cursor.filter(|c| !c.is_none()) {
-            Some(c) => Some(pool.get().one_id(c)?),
-            None => None,
-        };
-        let max = int_arg(max_blocks, "max_blocks", 0, i64::MAX)? as usize;
-        let mut ids = Vec::new();
-        pool.get()
-            .with_pool(py, |p| p.free_block_ids_after(cursor, max, &mut ids))
-            .py_err(py)?;
-        Self::list_of(pool, &ids)
-    }
-
     /// The block's reference count, now.
     #[getter]
     fn ref_cnt(&self, py: Python<'_>) -> PyResult<u32> {
