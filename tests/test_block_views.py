@@ -154,3 +154,29 @@ def test_threads_sharing_a_walk_see_each_block_once() -> None:
     for part in seen:  # each thread's share comes in queue order
         position = [order.index(b) for b in part[:200]]
         assert position == sorted(position)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "priority", "adaptive"])
+def test_every_cursor_goes_on_in_eviction_order(eviction: str) -> None:
+    # Cached blocks under three retention priorities (the priority policy's classes), some
+    # hit twice (the adaptive policy's), freed in a shuffled order, beside uncached ones.
+    rng = random.Random(11)
+    pool = kvpool.BlockPool(400, enable_caching=True, block_size=16, eviction=eviction)
+    ids = pool.get_new_blocks(399)
+    hashed = ids[:300]
+    for part, priority in zip(np.array_split(hashed, 3), (90, 10, 50)):
+        hashes = [int(i).to_bytes(32, "big") for i in part]
+        pool.cache_full_blocks(part, hashes, 0, len(part),
+                               **({"priority": priority} if eviction == "priority" else {}))
+        if eviction == "adaptive":
+            pool.touch(part[::2])
+            pool.free_blocks(part[::2])
+    order = ids.tolist()
+    rng.shuffle(order)
+    pool.free_blocks(np.array(order, dtype=np.int32))
+    queue = pool.free_block_ids().tolist()
+    for i, cursor in enumerate(queue):
+        assert pool.free_block_ids_after(cursor, 1_000).tolist() == queue[i + 1:], cursor
+    for cursor in rng.sample(queue, 10):
+        after = queue[queue.index(cursor) + 1:]
+        assert [v.block_id for v in FreeBlockWalk(pool, cursor)] == after

@@ -272,8 +272,8 @@ class BlockPool:
         """At most ``max_blocks`` free block ids after block ``cursor`` in the free queue,
         head to tail (from the head when ``cursor`` is None; none when ``cursor`` is not
         free): vLLM's ``FreeKVCacheBlockQueue.iter_blocks_after``, in batches. Costs
-        O(``max_blocks``) from any free block under LRU (from a cached block under the
-        other eviction policies, also O(its position among the cached blocks)).
+        O(``max_blocks``) from any free block under LRU and priorities (from a cached
+        block under the adaptive policy, also O(its position among the cached blocks)).
         """
     def check_invariants(self) -> None:
         """Walk the whole structure; raise ``InvariantError`` listing every broken invariant."""

@@ -881,8 +881,8 @@ impl PyBlockPool {
     /// At most ``max_blocks`` free block ids after block ``cursor`` in the free queue,
     /// head to tail (from the head when ``cursor`` is None; none when ``cursor`` is not
     /// free): vLLM's ``FreeKVCacheBlockQueue.iter_blocks_after``, in batches. Costs
-    /// O(``max_blocks``) from any free block under LRU (from a cached block under the
-    /// other eviction policies, also O(its position among the cached blocks)).
+    /// O(``max_blocks``) from any free block under LRU and priorities (from a cached
+    /// block under the adaptive policy, also O(its position among the cached blocks)).
     #[pyo3(signature = (cursor, max_blocks))]
     fn free_block_ids_after<'py>(
         &self,

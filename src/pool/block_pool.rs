@@ -937,10 +937,10 @@ impl BlockPool {
     /// The free queue after block `cursor`, head to tail (from the head when `None`;
     /// nothing when `cursor` is not free), at most `max` ids appended to `out`: vLLM's
     /// `FreeKVCacheBlockQueue.iter_blocks_after`, which offloading connectors walk in
-    /// steps. O(max) from any free block under LRU, and from an uncached one under
-    /// every policy; from a cached block under the other policies also O(its position
-    /// among the cached blocks). Expiries due are applied first, as for every read of
-    /// the order.
+    /// steps. O(max) from any free block under LRU and priorities, and from an
+    /// uncached one under every policy; from a cached block under the adaptive policy
+    /// also O(its position among the cached blocks). Expiries due are applied first, as
+    /// for every read of the order.
     pub fn free_block_ids_after(
         &mut self,
         cursor: Option<u32>,

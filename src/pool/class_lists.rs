@@ -250,21 +250,33 @@ impl ClassLists {
 }
 
 impl ClassLists {
-    /// The blocks after `id` in its list, up to the list's tail, when `id` is in the one
-    /// list of a single-class queue; `None` otherwise (several classes, or `id` linked
-    /// into no list). `id` is a free block neither stacked nor fresh (the caller,
-    /// `FreeQueue::ids_after`, has checked). O(1) to start.
-    pub fn iter_after_single<'a>(&self, slab: &'a Slab, id: u32) -> Option<ClassIter<'a>> {
-        if self.ends.len() != 1 {
+    /// The blocks after `id` when the classes are read one after another, lowest
+    /// first (the order of every policy but the adaptive one, which merges its
+    /// classes by credit): the rest of `id`'s list, then every higher non-empty
+    /// class's list. `None` when `id` is linked into no list of class `class` (the
+    /// caller, `FreeQueue::ids_after`, has checked that it is a free block neither
+    /// stacked nor fresh, and passes the class its policy keeps it in). O(1) to start.
+    pub fn iter_after_in_class_order<'a>(
+        &'a self,
+        slab: &'a Slab,
+        id: u32,
+        class: usize,
+    ) -> Option<impl Iterator<Item = u32> + 'a> {
+        let ends = self.ends.get(class)?;
+        let meta = slab.get(id);
+        if meta.prev == NIL && ends.head != id {
             return None;
         }
-        let meta = slab.get(id);
-        let listed = meta.prev != NIL || self.ends[0].head == id;
-        listed.then_some(ClassIter {
+        let rest = ClassIter {
             slab,
             next: meta.next,
-            remaining: self.ends[0].len as usize,
-        })
+            remaining: ends.len as usize,
+        };
+        let higher = self
+            .nonempty_classes()
+            .filter(move |&c| c > class)
+            .flat_map(move |c| self.iter_class(slab, c));
+        Some(rest.chain(higher))
     }
 }
 

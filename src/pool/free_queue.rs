@@ -460,10 +460,11 @@ impl FreeQueue {
     /// The queued ids after `cursor`, head to tail (from the head when `cursor` is
     /// `None`; nothing when `cursor` is not queued), at most `max`, appended to `out`.
     /// O(max) to go on from a block on the stack or in the fresh range, and from one in
-    /// the list under LRU (the walk starts at the cursor's own place: a stacked block's
-    /// index, a fresh block's id, a listed block's links); O(position of `cursor` in
-    /// the lists + max) from a listed block under the other policies, whose lists are
-    /// merged as they are read.
+    /// the lists under LRU and priorities (the walk starts at the cursor's own place: a
+    /// stacked block's index, a fresh block's id, a listed block's links, the lists
+    /// read one after another); O(position of `cursor` in the lists + max) from a
+    /// listed block under the adaptive policy, whose lists are merged by credit as they
+    /// are read.
     pub fn ids_after(&self, slab: &Slab, cursor: Option<u32>, max: usize, out: &mut Vec<u32>) {
         let Some(cursor) = cursor else {
             out.extend(self.iter(slab).take(max));
@@ -495,11 +496,13 @@ impl FreeQueue {
                     .chain(self.list_order(slab));
                 out.extend(rest.take(max));
             }
-            Place::List => {
-                if let Some(rest) = self.lists.iter_after_single(slab, cursor) {
+            Place::List if self.eviction.policy() != EvictionPolicy::Adaptive => {
+                let class = self.class_of(cursor);
+                if let Some(rest) = self.lists.iter_after_in_class_order(slab, cursor, class) {
                     out.extend(rest.take(max));
-                    return;
                 }
+            }
+            Place::List => {
                 let mut rest = self.list_order(slab).skip_while(|&id| id != cursor);
                 if rest.next().is_some() {
                     out.extend(rest.take(max));
