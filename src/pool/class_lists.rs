@@ -250,33 +250,52 @@ impl ClassLists {
 }
 
 impl ClassLists {
-    /// The blocks after `id` when the classes are read one after another, lowest
-    /// first (the order of every policy but the adaptive one, which merges its
-    /// classes by credit): the rest of `id`'s list, then every higher non-empty
-    /// class's list. `None` when `id` is linked into no list of class `class` (the
-    /// caller, `FreeQueue::ids_after`, has checked that it is a free block neither
-    /// stacked nor fresh, and passes the class its policy keeps it in). O(1) to start.
-    pub fn iter_after_in_class_order<'a>(
-        &'a self,
-        slab: &'a Slab,
+    /// Appends to `out` at most `max` of the blocks after `id` when the classes are
+    /// read one after another, lowest first (the order of every policy but the
+    /// adaptive one, which merges its classes by credit): the rest of `id`'s list,
+    /// then every higher non-empty class's list, each read in a loop of its own.
+    /// Nothing when `id` is linked into no list of class `class` (the caller,
+    /// `FreeQueue::ids_after`, has checked that it is a free block neither stacked nor
+    /// fresh, and passes the class its policy keeps it in). O(1) to start.
+    pub fn ids_after_in_class_order(
+        &self,
+        slab: &Slab,
         id: u32,
         class: usize,
-    ) -> Option<impl Iterator<Item = u32> + 'a> {
-        let ends = self.ends.get(class)?;
+        max: usize,
+        out: &mut Vec<u32>,
+    ) {
+        let Some(ends) = self.ends.get(class) else {
+            return;
+        };
         let meta = slab.get(id);
         if meta.prev == NIL && ends.head != id {
-            return None;
+            return;
         }
-        let rest = ClassIter {
-            slab,
-            next: meta.next,
-            remaining: ends.len as usize,
-        };
-        let higher = self
-            .nonempty_classes()
-            .filter(move |&c| c > class)
-            .flat_map(move |c| self.iter_class(slab, c));
-        Some(rest.chain(higher))
+        let start = out.len();
+        extend_from(slab, meta.next, max.min(ends.len as usize), out);
+        for higher in self.nonempty_classes().filter(|&c| c > class) {
+            let room = max - (out.len() - start);
+            if room == 0 {
+                return;
+            }
+            let ends = self.ends[higher];
+            extend_from(slab, ends.head, room.min(ends.len as usize), out);
+        }
+    }
+}
+
+/// Appends to `out` at most `limit` blocks of a list, from `first` on by their links.
+#[inline]
+fn extend_from(slab: &Slab, first: u32, limit: usize, out: &mut Vec<u32>) {
+    out.reserve(limit);
+    let mut next = first;
+    for _ in 0..limit {
+        if next == NIL || next >= slab.len() {
+            return;
+        }
+        out.push(next);
+        next = slab.get(next).next;
     }
 }
 

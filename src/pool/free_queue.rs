@@ -498,9 +498,8 @@ impl FreeQueue {
             }
             Place::List if self.eviction.policy() != EvictionPolicy::Adaptive => {
                 let class = self.class_of(cursor);
-                if let Some(rest) = self.lists.iter_after_in_class_order(slab, cursor, class) {
-                    out.extend(rest.take(max));
-                }
+                self.lists
+                    .ids_after_in_class_order(slab, cursor, class, max, out);
             }
             Place::List => {
                 let mut rest = self.list_order(slab).skip_while(|&id| id != cursor);
