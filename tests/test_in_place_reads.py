@@ -91,6 +91,10 @@ def test_random_lists_hash_as_arrays_do(tokens: list[int], block_size: int, algo
     hasher = core.BlockHasher(block_size, hash_algo=algo)
     expected = hasher.hash_tokens(np.array(tokens, dtype=np.int64)).to_list()
     assert hasher.hash_tokens(tokens).to_list() == expected
+    # vLLM's form, a list of bytes made as the chain runs, from every block on.
+    for start in range(len(expected) + 1):
+        parent = expected[start - 1] if start else None
+        assert hasher.hash_blocks_from(parent, tokens, start) == expected[start:]
     full = len(tokens) // block_size * block_size
     if full:
         assert hasher.hash_block(None, tokens[:block_size]) == expected[0]
@@ -119,7 +123,11 @@ def test_other_int_like_items_take_the_general_path(algo: str, odd: Any) -> None
         tokens[position] = odd
         plain = [int(t) for t in tokens]
         hasher = core.BlockHasher(4, hash_algo=algo)
-        assert hasher.hash_tokens(tokens).to_list() == hasher.hash_tokens(plain).to_list()
+        whole = hasher.hash_tokens(plain).to_list()
+        assert hasher.hash_tokens(tokens).to_list() == whole
+        # The list's pass stops at the odd item and the general path goes on from there.
+        for start in range(3):
+            assert hasher.hash_blocks_from(whole[start - 1] if start else None, tokens, start) == whole[start:]
         manager = core.KVCacheManager(64, 4, max_model_len=64, enable_caching=True, hash_algo=algo)
         manager.add_request("r", tokens)
         assert list(manager.get_block_hashes("r")) == hasher.hash_tokens(plain).to_list()
