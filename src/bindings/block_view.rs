@@ -57,9 +57,17 @@ impl PyBlockView {
     #[allow(unsafe_code)]
     fn make<'py>(py: Python<'py>, pool: Py<PyBlockPool>, id: u32) -> PyResult<Bound<'py, Self>> {
         let view = Bound::new(py, Self::new_unchecked(pool, id))?;
-        // SAFETY: `view` is a live object of a GC type, made here and not yet shared;
-        // untracking one (again, when it came from a free list untracked) is sound.
-        unsafe { pyo3::ffi::PyObject_GC_UnTrack(view.as_ptr().cast()) };
+        let object = view.as_ptr();
+        // SAFETY: `object` is live (held by `view`), made here and not yet shared.
+        // `PyObject_GC_IsTracked` is defined for any object (0 for one of a type
+        // without GC support, which has no GC header), and untracking is done only
+        // for an object it reports tracked, so it is sound whether or not PyO3 makes
+        // this class a GC type.
+        unsafe {
+            if pyo3::ffi::PyObject_GC_IsTracked(object) != 0 {
+                pyo3::ffi::PyObject_GC_UnTrack(object.cast());
+            }
+        }
         Ok(view)
     }
 
