@@ -34,6 +34,9 @@ def test_a_view_reads_its_block_now() -> None:
     view = KVCacheBlockView(pool, 3)
     assert (view.block_id, view.ref_cnt, view.block_hash, view.is_null) == (3, 0, None, False)
     assert KVCacheBlockView(pool, 0).is_null
+    # A pool without a null block hands out block 0 like any other.
+    plain = kvpool.BlockPool(8, enable_caching=True, block_size=16, null_block=False)
+    assert plain.get_new_blocks(1).tolist() == [0] and not KVCacheBlockView(plain, 0).is_null
     ids = pool.get_new_blocks(7)
     views = KVCacheBlockView.of_ids(pool, ids)
     assert [v.block_id for v in views] == ids.tolist()
@@ -121,11 +124,11 @@ def test_a_walk_from_a_block_in_use_yields_nothing() -> None:
     assert list(FreeBlockWalk(pool, taken)) == []
 
 
-def test_a_walk_goes_on_after_the_last_block_it_read() -> None:
-    # Each batch starts after the last block of the one before, as vLLM's list goes on from
-    # the block the walk stands on: blocks taken from the head meanwhile do not matter,
-    # unless that block was one of them, which ends the walk (vLLM unlinks a taken block,
-    # so its walk ends there too).
+def test_a_walk_goes_on_after_the_last_block_it_yielded() -> None:
+    # After the pool changes, the walk goes on after the last block it yielded, as vLLM's
+    # list goes on from the block the walk stands on: blocks taken from the head meanwhile
+    # do not matter, unless that block was one of them, which ends the walk (vLLM unlinks a
+    # taken block, so its walk ends there too).
     for taken, rest in ((10, slice(16, None)), (20, slice(0, 0))):
         pool = scrambled_pool(200, seed=3)
         order = pool.free_block_ids().tolist()
@@ -180,3 +183,73 @@ def test_every_cursor_goes_on_in_eviction_order(eviction: str) -> None:
     for cursor in rng.sample(queue, 10):
         after = queue[queue.index(cursor) + 1:]
         assert [v.block_id for v in FreeBlockWalk(pool, cursor)] == after
+
+
+@pytest.mark.parametrize("eviction", ["lru", "priority", "adaptive"])
+def test_each_step_yields_the_current_successor_of_the_last_block(eviction: str) -> None:
+    # vLLM's walk reads ``next_free_block`` of the block it last yielded when asked for the
+    # next one, so it sees the pool as it is at that moment: blocks taken, freed, hit or
+    # moved between steps. kvpool's walk reads ahead in batches and must agree step by step.
+    rng = random.Random(f"walk-{eviction}")
+    for seed in range(8):
+        pool = kvpool.BlockPool(120, enable_caching=True, block_size=16, eviction=eviction)
+        ids = pool.get_new_blocks(119)
+        pool.cache_full_blocks(ids[:80], [int(i).to_bytes(32, "big") for i in ids[:80]], 0, 80)
+        order = ids.tolist()
+        rng.shuffle(order)
+        pool.free_blocks(np.array(order, dtype=np.int32))
+        held: list[int] = []
+        walk = FreeBlockWalk(pool)
+        last: int | None = None
+        for _ in range(300):
+            expected = pool.free_block_ids_after(last, 1).tolist()
+            if last is not None and pool.ref_count(last) != 0:
+                expected = []  # the block the walk stood on left the queue: the walk ends
+            got = next(walk, None)
+            assert (got.block_id if got is not None else None) == (expected[0] if expected else None), seed
+            if got is None:
+                assert next(walk, None) is None  # an ended walk stays ended
+                break
+            last = got.block_id
+            move = rng.randrange(5)
+            free_ids = pool.free_block_ids().tolist()
+            if move == 0 and free_ids:  # take blocks from the head
+                held += pool.get_new_blocks(rng.randint(1, 3)).tolist()
+            elif move == 1 and held:  # free some back (uncached to the head, cached to a tail)
+                rng.shuffle(held)
+                back, held = held[:2], held[2:]
+                pool.free_blocks(np.array(back, dtype=np.int32))
+            elif move == 2 and free_ids:  # a prefix hit on free blocks, maybe the walk's own
+                hit = rng.sample(free_ids, min(2, len(free_ids))) + ([last] if rng.random() < 0.2 else [])
+                hit = [b for b in dict.fromkeys(hit) if pool.ref_count(b) == 0]
+                pool.touch(np.array(hit, dtype=np.int32))
+                if rng.random() < 0.5:
+                    pool.free_blocks(np.array(hit, dtype=np.int32))  # back at a tail
+                else:
+                    held += hit
+        pool.check_invariants()
+
+
+@pytest.mark.parametrize("eviction", ["lru", "priority", "adaptive"])
+def test_neighbours_follow_the_queue_and_end_in_none_without_a_queue_view(eviction: str) -> None:
+    pool = kvpool.BlockPool(200, enable_caching=True, block_size=16, eviction=eviction)
+    ids = pool.get_new_blocks(150)
+    for part, priority in zip(np.array_split(ids[:120], 3), (70, 20, 50)):
+        pool.cache_full_blocks(part, [int(i).to_bytes(32, "big") for i in part], 0, len(part),
+                               **({"priority": priority} if eviction == "priority" else {}))
+    rng = random.Random(4)
+    order = ids.tolist()
+    rng.shuffle(order)
+    pool.free_blocks(np.array(order[:100], dtype=np.int32))  # 50 stay in use
+    pool.touch(np.array([i for i in range(160, 170)], dtype=np.int32))  # gaps in the fresh range
+    queue = pool.free_block_ids().tolist()
+    assert queue and len(queue) > 100
+    for i, block in enumerate(queue):
+        view = KVCacheBlockView(pool, block)
+        before, after = view.prev_free_block, view.next_free_block
+        assert (before.block_id if before is not None else None) == (queue[i - 1] if i else None)
+        assert (after.block_id if after is not None else None) == (queue[i + 1] if i + 1 < len(queue) else None)
+        assert pool.free_block_id_before(block) == (queue[i - 1] if i else None)
+    for block in [0, *order[100:], *range(160, 170)]:  # the null block, blocks in use
+        view = KVCacheBlockView(pool, block)
+        assert (view.prev_free_block, view.next_free_block, pool.free_block_id_before(block)) == (None, None, None)

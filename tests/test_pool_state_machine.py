@@ -179,6 +179,10 @@ class PoolComparison(RuleBasedStateMachine):
             for max_blocks in (0, 2, self.num_blocks):
                 got, want = (pool.free_block_ids_after(cursor, max_blocks) for pool in (self.subject, self.oracle))
                 assert normalize(got) == normalize(want), f"free_block_ids_after({cursor}, {max_blocks})"
+        # And backwards, from every block (vLLM's prev_free_block).
+        for block_id in range(self.num_blocks):
+            got, want = (pool.free_block_id_before(block_id) for pool in (self.subject, self.oracle))
+            assert got == want, f"free_block_id_before({block_id}): subject {got!r}, reference {want!r}"
         for name in ("max_pending_events", "num_pending_events", "num_dropped_events"):
             assert getattr(self.subject, name) == getattr(self.oracle, name), name
         got_events, want_events = self.subject.take_events(), self.oracle.take_events()
@@ -531,6 +535,7 @@ class PoolComparison(RuleBasedStateMachine):
         self.call("block_hash_num_tokens", block_id)
         self.call("extra_block_hashes", block_id)
         self.call("free_block_ids_after", block_id, data.draw(st.integers(-1, 3), label="max_blocks"))
+        self.call("free_block_id_before", block_id)
 
 
 def make_machine(subject_cls: type, oracle_cls: type = ReferencePool) -> type[PoolComparison]:

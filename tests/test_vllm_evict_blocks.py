@@ -57,15 +57,15 @@ def test_evicted_hashes_no_longer_count_as_cached_tokens() -> None:
 
 
 def test_a_dropped_manager_lets_its_free_queue_view_go() -> None:
-    from kvpool.vllm import _views
+    from kvpool import _free_neighbours
 
     gc.collect()
-    before = len(_views._QUEUES)
+    before = len(_free_neighbours.QUEUES)
     manager = managers()[1]
-    assert len(_views._QUEUES) == before + 1
+    assert len(_free_neighbours.QUEUES) == before + 1
     del manager
     gc.collect()
-    assert len(_views._QUEUES) == before
+    assert len(_free_neighbours.QUEUES) == before
 
 
 def test_the_pool_view_looks_a_hash_up_in_each_group_asked_for() -> None:

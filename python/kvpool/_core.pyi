@@ -275,6 +275,11 @@ class BlockPool:
         O(``max_blocks``) from any free block under LRU and priorities (from a cached
         block under the adaptive policy, also O(its position among the cached blocks)).
         """
+    def free_block_id_before(self, block_id: int) -> int | None:
+        """The free block just before block ``block_id`` in the free queue, toward the head
+        (vLLM's ``KVCacheBlock.prev_free_block``), or None when ``block_id`` is the head or
+        not free. O(1) for a cached block under LRU and priorities.
+        """
     def check_invariants(self) -> None:
         """Walk the whole structure; raise ``InvariantError`` listing every broken invariant."""
     def set_priority(self, block_ids: _IdsLike, priority: int, *, retention_s: float | None = None) -> None:
@@ -655,7 +660,9 @@ class KVCacheBlockView:
         """The block's reference count, now."""
     @property
     def is_null(self) -> bool:
-        """True for block 0, the null block."""
+        """True for the pool's null block (block 0 of a pool made with ``null_block=True``,
+        the default; a pool without one has no null block).
+        """
     @property
     def block_hash(self) -> bytes | None:
         """The block's key as vLLM's ``BlockHashWithGroupId`` (the hash, then the group id
@@ -666,13 +673,15 @@ class KVCacheBlockView:
         """The length of the sequence the block's key covers, or None while it holds none."""
     @property
     def next_free_block(self) -> Any:
-        """The next block in the free queue (its fake tail after the last one), or None
-        when the block is not free.
+        """The next block in the free queue (after the last one, the fake tail of
+        ``kvpool.vllm``'s view of the queue, or None without one), or None when the block
+        is not free.
         """
     @property
     def prev_free_block(self) -> Any:
-        """The previous block in the free queue (its fake head before the first one), or
-        None when the block is not free.
+        """The previous block in the free queue (before the first one, the fake head of
+        ``kvpool.vllm``'s view of the queue, or None without one), or None when the block
+        is not free.
         """
     @property
     def _num_tokens_when_unkeyed(self) -> int | None:
@@ -687,9 +696,11 @@ class KVCacheBlockView:
 class FreeBlockWalk:
     """The free blocks after a cursor, in eviction order, as ``KVCacheBlockView``s: vLLM's
     ``FreeKVCacheBlockQueue.iter_blocks_after``. Ids are read from the pool in growing
-    batches, each going on after the last block read, so a block freed or taken
-    meanwhile is seen as vLLM's linked list would show it; nothing when the cursor is
-    not free.
+    batches; each step checks the queue's version, and if the pool changed since the
+    batch was read, drops what is left of it and reads again after the last block
+    yielded. So each step yields what vLLM's linked-list walk would yield at that
+    moment: the current successor of the last block yielded, and nothing more once
+    that block has left the queue.
     """
 
     def __new__(cls, pool: BlockPool, cursor: int | None = None) -> FreeBlockWalk: ...

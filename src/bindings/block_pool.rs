@@ -4,6 +4,7 @@
 //! takes the lock once, calls the core, and converts the result. Block ids leave as
 //! numpy `int32` arrays; no Python object is created per block.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use numpy::PyArray1;
@@ -35,6 +36,10 @@ pub struct PyBlockPool {
     pub(super) config: PoolConfig,
     /// `get_new_blocks`' recent result arrays, written again once their caller lets go.
     recycled: RecycledIds,
+    /// The free queue's version (`pool::BlockPool::free_queue_version`) as of the last
+    /// call that held the lock, for readers that must not take it (`FreeBlockWalk`
+    /// checks it on every step).
+    queue_version: AtomicU64,
 }
 
 /// `obj` as a `kvpool.BlockPool`, or a `DtypeError` naming what it is.
@@ -52,7 +57,18 @@ impl PyBlockPool {
         py: Python<'_>,
         f: impl FnOnce(&mut pool::BlockPool) -> R,
     ) -> R {
-        with_lock(py, &self.inner, f)
+        with_lock(py, &self.inner, |pool| {
+            let result = f(pool);
+            self.queue_version
+                .store(pool.free_queue_version(), Ordering::Release);
+            result
+        })
+    }
+
+    /// The free queue's version as of the last call that held the pool's lock (every
+    /// call that can change the queue does), read without taking it.
+    pub(crate) fn queue_version(&self) -> u64 {
+        self.queue_version.load(Ordering::Acquire)
     }
 
     /// Runs `f` on the pool if its lock is free now, the GIL held throughout (see
@@ -60,7 +76,13 @@ impl PyBlockPool {
     /// array: on false the caller takes its general path, which finds the pool as it
     /// was (a failed call changes nothing) and reports any error.
     fn done_in_place(&self, f: impl FnOnce(&mut pool::BlockPool) -> pool::PoolResult<()>) -> bool {
-        matches!(try_with_lock(&self.inner, f), Some(Ok(())))
+        let in_place = |pool: &mut pool::BlockPool| {
+            let result = f(pool);
+            self.queue_version
+                .store(pool.free_queue_version(), Ordering::Release);
+            result
+        };
+        matches!(try_with_lock(&self.inner, in_place), Some(Ok(())))
     }
 
     /// `find_longest_cache_hit` with the hit's ids appended to `out`.
@@ -157,6 +179,7 @@ impl PyBlockPool {
         };
         let inner = pool::BlockPool::new(config.clone()).py_err(py)?;
         Ok(Self {
+            queue_version: AtomicU64::new(inner.free_queue_version()),
             inner: Mutex::new(inner),
             config,
             recycled: RecycledIds::default(),
@@ -899,6 +922,19 @@ impl PyBlockPool {
         self.with_pool(py, |pool| pool.free_block_ids_after(cursor, max, &mut out))
             .py_err(py)?;
         Ok(ids_to_numpy(py, &out))
+    }
+
+    /// The free block just before block ``block_id`` in the free queue, toward the head
+    /// (vLLM's ``KVCacheBlock.prev_free_block``), or None when ``block_id`` is the head or
+    /// not free. O(1) for a cached block under LRU and priorities.
+    fn free_block_id_before(
+        &self,
+        py: Python<'_>,
+        block_id: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<u32>> {
+        let id = self.one_id(block_id)?;
+        self.with_pool(py, |pool| pool.free_block_id_before(id))
+            .py_err(py)
     }
 
     /// Walk the whole structure; raise ``InvariantError`` listing every broken invariant.

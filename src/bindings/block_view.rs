@@ -116,10 +116,11 @@ impl PyBlockView {
             .py_err(py)
     }
 
-    /// True for block 0, the null block.
+    /// True for the pool's null block (block 0 of a pool made with ``null_block=True``,
+    /// the default; a pool without one has no null block).
     #[getter]
     fn is_null(&self) -> bool {
-        self.block_id == 0
+        self.block_id == 0 && self.pool.get().config.null_block
     }
 
     /// The block's key as vLLM's ``BlockHashWithGroupId`` (the hash, then the group id
@@ -145,15 +146,17 @@ impl PyBlockView {
             .py_err(py)
     }
 
-    /// The next block in the free queue (its fake tail after the last one), or None
-    /// when the block is not free.
+    /// The next block in the free queue (after the last one, the fake tail of
+    /// ``kvpool.vllm``'s view of the queue, or None without one), or None when the block
+    /// is not free.
     #[getter]
     fn next_free_block<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.neighbour(py, 1)
     }
 
-    /// The previous block in the free queue (its fake head before the first one), or
-    /// None when the block is not free.
+    /// The previous block in the free queue (before the first one, the fake head of
+    /// ``kvpool.vllm``'s view of the queue, or None without one), or None when the block
+    /// is not free.
     #[getter]
     fn prev_free_block<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.neighbour(py, -1)
@@ -200,11 +203,11 @@ impl PyBlockView {
 }
 
 impl PyBlockView {
-    /// The free-list neighbour `step` away, from `kvpool.vllm`'s free-queue view of
-    /// the pool (it knows the queue's fake ends).
+    /// The free-list neighbour `step` away (`kvpool._free_neighbours`: the pool's
+    /// free-queue view, if `kvpool.vllm` made one, supplies the queue's fake ends).
     fn neighbour<'py>(&self, py: Python<'py>, step: i32) -> PyResult<Bound<'py, PyAny>> {
         static NEIGHBOUR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-        let f = NEIGHBOUR.import(py, "kvpool.vllm._views", "_neighbour_of")?;
+        let f = NEIGHBOUR.import(py, "kvpool._free_neighbours", "neighbour_of")?;
         f.call1((self.pool.bind(py), self.block_id, step))
     }
 }
@@ -226,23 +229,30 @@ const WALK_FIRST_BATCH: usize = 16;
 const WALK_GROWTH: usize = 4;
 const WALK_MAX_BATCH: usize = 4096;
 
-/// Where a walk of the free queue stands: the ids read and not yet yielded, and where
-/// the next batch starts.
+/// Where a walk of the free queue stands: the ids read and not yet yielded, the
+/// queue's version when they were read, and where the next read starts.
 struct WalkState {
     ids: Vec<u32>,
     next: usize,
-    /// The last id read (None: the queue's head).
+    /// The queue's version when `ids` were read (`PyBlockPool::queue_version`).
+    version: u64,
+    /// The last block yielded (the walk's cursor before the first): the next read
+    /// starts after it.
     after: Option<u32>,
     batch: usize,
-    /// The last batch came back short: the queue's tail was reached.
-    done: bool,
+    /// The last read reached the queue's tail.
+    at_tail: bool,
+    /// The walk has ended (returned `None` once); it stays ended, as a generator does.
+    ended: bool,
 }
 
 /// The free blocks after a cursor, in eviction order, as ``KVCacheBlockView``s: vLLM's
 /// ``FreeKVCacheBlockQueue.iter_blocks_after``. Ids are read from the pool in growing
-/// batches, each going on after the last block read, so a block freed or taken
-/// meanwhile is seen as vLLM's linked list would show it; nothing when the cursor is
-/// not free.
+/// batches; each step checks the queue's version, and if the pool changed since the
+/// batch was read, drops what is left of it and reads again after the last block
+/// yielded. So each step yields what vLLM's linked-list walk would yield at that
+/// moment: the current successor of the last block yielded, and nothing more once
+/// that block has left the queue.
 #[pyclass(frozen, module = "kvpool.vllm", name = "FreeBlockWalk")]
 pub struct PyFreeBlockWalk {
     pool: Py<PyBlockPool>,
@@ -265,9 +275,11 @@ impl PyFreeBlockWalk {
             state: Mutex::new(WalkState {
                 ids: Vec::new(),
                 next: 0,
+                version: 0,
                 after,
                 batch: WALK_FIRST_BATCH,
-                done: false,
+                at_tail: false,
+                ended: false,
             }),
         })
     }
@@ -277,34 +289,49 @@ impl PyFreeBlockWalk {
     }
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBlockView>>> {
+        let pool = self.pool.get();
         loop {
             // The walk's lock is a leaf: released before the pool's lock is taken and
             // before any Python object is made.
             let (after, batch) = {
                 let mut state = self.lock_state();
+                if state.ended {
+                    return Ok(None);
+                }
+                if pool.queue_version() != state.version {
+                    // The pool changed since the batch was read: what is left of it
+                    // may be stale, and the tail may have grown.
+                    state.ids.clear();
+                    state.next = 0;
+                    state.at_tail = false;
+                }
                 if let Some(&id) = state.ids.get(state.next) {
                     state.next += 1;
+                    state.after = Some(id);
                     drop(state);
                     return PyBlockView::make(py, self.pool.clone_ref(py), id).map(Some);
                 }
-                if state.done {
+                if state.at_tail {
+                    state.ended = true;
                     return Ok(None);
                 }
                 (state.after, state.batch)
             };
             let mut ids = Vec::with_capacity(batch);
-            self.pool
-                .get()
-                .with_pool(py, |p| p.free_block_ids_after(after, batch, &mut ids))
+            let version = pool
+                .with_pool(py, |p| {
+                    p.free_block_ids_after(after, batch, &mut ids)
+                        .map(|()| p.free_queue_version())
+                })
                 .py_err(py)?;
             let mut state = self.lock_state();
-            // Another thread may have read this batch meanwhile: then use its.
-            if state.after == after && state.next == state.ids.len() && !state.done {
-                state.done = ids.len() < batch;
-                state.after = ids.last().copied().or(after);
+            // Another thread may have read (or yielded) meanwhile: then keep its state.
+            if state.after == after && state.next == state.ids.len() && !state.ended {
+                state.at_tail = ids.len() < batch;
                 state.batch = (batch * WALK_GROWTH).min(WALK_MAX_BATCH);
                 state.ids = ids;
                 state.next = 0;
+                state.version = version;
             }
         }
     }

@@ -939,8 +939,29 @@ impl BlockPool {
     /// `FreeKVCacheBlockQueue.iter_blocks_after`, which offloading connectors walk in
     /// steps. O(max) from any free block under LRU and priorities, and from an
     /// uncached one under every policy; from a cached block under the adaptive policy
-    /// also O(its position among the cached blocks). Expiries due are applied first, as
-    /// for every read of the order.
+    /// also O(its position among the cached blocks); from a never-used block, also
+    /// O(the never-used blocks after it taken out of order, by `touch`, which engines
+    /// do not do: each such gap is paid once by a walk). Expiries due are applied
+    /// first, as for every read of the order.
+    /// The free block just before block `id` in the free queue, toward the head:
+    /// vLLM's `KVCacheBlock.prev_free_block`. `None` when `id` is the head or not free.
+    /// O(1) for a cached block under LRU and priorities; see the free queue's
+    /// `id_before` for the rest. Expiries due are applied first, as for every read of
+    /// the order.
+    pub fn free_block_id_before(&mut self, id: u32) -> PoolResult<Option<u32>> {
+        self.check_ids(&[id])?;
+        self.apply_expiries();
+        Ok(self.queue.id_before(&self.slab, id))
+    }
+
+    /// A number that changes whenever the free queue may have changed (a block
+    /// taken, freed, moved or re-classed; the eviction policy's state updated): equal
+    /// numbers mean the same queue in the same order, so a walk that read part of it
+    /// ([`Self::free_block_ids_after`]) can go on from where it stopped.
+    pub fn free_queue_version(&self) -> u64 {
+        self.queue.version()
+    }
+
     pub fn free_block_ids_after(
         &mut self,
         cursor: Option<u32>,

@@ -98,6 +98,9 @@ pub struct FreeQueue {
     lists: ClassLists,
     /// The policy: each freed block's class and which class goes next.
     eviction: Eviction,
+    /// Changes whenever the queue's order or membership may have changed (see
+    /// [`Self::version`]).
+    version: u64,
 }
 
 impl FreeQueue {
@@ -124,6 +127,7 @@ impl FreeQueue {
                 eviction.policy() != EvictionPolicy::Adaptive,
             ),
             eviction,
+            version: 0,
         }
     }
 
@@ -144,10 +148,28 @@ impl FreeQueue {
     }
 
     /// The eviction policy's state, mutably (the pool reports uses, cachings and
-    /// evictions to it).
+    /// evictions to it). Counts as a change of the queue ([`Self::version`]): the
+    /// adaptive policy's order depends on it.
     #[inline]
     pub fn eviction_mut(&mut self) -> &mut Eviction {
+        self.changed();
         &mut self.eviction
+    }
+
+    /// A number that differs from any earlier one whenever the queue may have changed
+    /// since (a block taken, freed, moved or re-classed; the policy's state updated);
+    /// the same number means the same queue, in the same order. For readers that
+    /// walk the queue in pieces across calls (`kvpool.vllm.FreeBlockWalk`) and must
+    /// notice the pool changing between them. Reading it costs nothing; keeping it
+    /// costs one increment per change.
+    #[inline]
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    #[inline(always)]
+    fn changed(&mut self) {
+        self.version = self.version.wrapping_add(1);
     }
 
     /// The lists of cached free blocks.
@@ -169,6 +191,7 @@ impl FreeQueue {
     /// policy now assigns it (after its priority changed; the caller applied the
     /// expiries due before changing it).
     pub fn requeue(&mut self, slab: &mut Slab, id: u32) {
+        self.changed();
         self.lists.unlink_class(slab, id, self.class_of(id));
         self.eviction.on_dequeued(id);
         let class = self.eviction.class_for(id);
@@ -190,6 +213,7 @@ impl FreeQueue {
                 && lists.class_of(id) != super::eviction::DEFAULT_PRIORITY as usize
         });
         for id in due {
+            self.changed();
             self.lists.unlink(slab, id);
             let class = self.eviction.class_for(id);
             self.lists.push_back(slab, class, id);
@@ -222,6 +246,9 @@ impl FreeQueue {
     /// hold a cached hash.
     pub fn take_front_n(&mut self, slab: &mut Slab, n: usize, out: &mut Vec<u32>) -> usize {
         debug_assert!(n <= self.len());
+        if n > 0 {
+            self.changed();
+        }
         out.reserve(n);
         let in_use = BlockMeta::in_use();
         let mut left = n;
@@ -340,6 +367,9 @@ impl FreeQueue {
     pub fn finish_front(&mut self, slab: &mut Slab, batch: FrontBatch) {
         let FrontBatch { base, end, next } = batch;
         let put = end - next;
+        if put > 0 {
+            self.changed();
+        }
         if next > base {
             // Fewer blocks than reserved: move them down onto the stack.
             self.stack.copy_within(next..end, base);
@@ -361,6 +391,7 @@ impl FreeQueue {
     /// caller restores their metadata.
     pub fn rewind_front(&mut self, mark: (usize, u32), batch: FrontBatch) {
         debug_assert!(batch.base >= mark.0);
+        self.changed();
         self.stack.truncate(mark.0);
         self.stack_live = mark.1;
     }
@@ -368,6 +399,9 @@ impl FreeQueue {
     /// Appends freed cached blocks, in the order given, each at the tail of the list
     /// its policy puts it in.
     pub fn push_back_n(&mut self, slab: &mut Slab, ids: &[u32]) {
+        if !ids.is_empty() {
+            self.changed();
+        }
         if self.lists.num_classes() == 1 {
             for &id in ids {
                 self.lists.push_back(slab, 0, id);
@@ -391,6 +425,9 @@ impl FreeQueue {
     /// Puts free uncached blocks, out of the queue, at its head: the first given
     /// becomes the head, as a free call queues uncached blocks.
     pub fn push_front_n(&mut self, slab: &mut Slab, ids: &[u32]) {
+        if !ids.is_empty() {
+            self.changed();
+        }
         for &id in ids.iter().rev() {
             *slab.get_mut(id) = BlockMeta::stacked(self.stack.len() as u32);
             self.stack.push(id);
@@ -400,6 +437,7 @@ impl FreeQueue {
 
     /// Takes block `id`, which the caller knows to be free, out of the queue.
     pub fn remove(&mut self, slab: &mut Slab, id: u32) {
+        self.changed();
         let meta = *slab.get(id);
         match Place::of(&meta) {
             Place::Stack(index) => {
@@ -508,6 +546,74 @@ impl FreeQueue {
                 }
             }
         }
+    }
+
+    /// The queued block just before `cursor`, toward the head: `None` when `cursor` is
+    /// the head or not queued. vLLM's `KVCacheBlock.prev_free_block`. O(1) for a listed
+    /// block under LRU and priorities (its link, or the tail of the class before its
+    /// own); otherwise O(the stack's tombstones or the fresh range's gaps crossed), and
+    /// under the adaptive policy O(its position among the cached blocks), as
+    /// [`Self::ids_after`].
+    pub fn id_before(&self, slab: &Slab, cursor: u32) -> Option<u32> {
+        if cursor >= slab.len() || slab.get(cursor).ref_cnt != 0 {
+            return None;
+        }
+        let meta = slab.get(cursor);
+        // Before the lists: the fresh range's last block, else the stack's last.
+        let before_lists = || self.fresh_last(slab).or_else(|| self.stack_last());
+        match Place::of(meta) {
+            Place::Stack(index) => {
+                if self.stack.get(index as usize) != Some(&cursor) {
+                    debug_assert!(false, "block {cursor} is not at stack index {index}");
+                    return None;
+                }
+                // Toward the head is up the stack.
+                let above = &self.stack[index as usize + 1..];
+                above.iter().copied().find(|&id| id != NIL)
+            }
+            Place::Fresh => (self.fresh_next..cursor)
+                .rev()
+                .find(|&id| slab.get(id).next == FRESH)
+                .or_else(|| self.stack_last()),
+            Place::List if self.eviction.policy() != EvictionPolicy::Adaptive => {
+                let class = self.class_of(cursor);
+                if self.lists.ends(class).head != cursor {
+                    // Linked within its class's list (a block in no list has no link).
+                    return (meta.prev != NIL).then_some(meta.prev);
+                }
+                self.lists
+                    .nonempty_classes()
+                    .filter(|&c| c < class)
+                    .last()
+                    .map(|c| self.lists.ends(c).tail)
+                    .or_else(before_lists)
+            }
+            Place::List => {
+                let mut before = None;
+                for id in self.list_order(slab) {
+                    if id == cursor {
+                        return before.or_else(before_lists);
+                    }
+                    before = Some(id);
+                }
+                None
+            }
+        }
+    }
+
+    /// The stack's last block in queue order (its lowest live entry).
+    fn stack_last(&self) -> Option<u32> {
+        self.stack.iter().copied().find(|&id| id != NIL)
+    }
+
+    /// The fresh range's last block still fresh.
+    fn fresh_last(&self, slab: &Slab) -> Option<u32> {
+        if self.fresh_live == 0 {
+            return None;
+        }
+        (self.fresh_next..self.fresh_end)
+            .rev()
+            .find(|&id| slab.get(id).next == FRESH)
     }
 
     /// The lists' blocks in the order the policy would evict them now.

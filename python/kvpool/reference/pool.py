@@ -867,6 +867,16 @@ class BlockPool:
             after = []
         return np.array(after[:max_blocks], dtype=np.int32)
 
+    def free_block_id_before(self, block_id: int) -> int | None:
+        """The free block just before ``block_id`` in the free queue, toward the head, or
+        ``None`` when ``block_id`` is the head or not free."""
+        block = self._as_block_id(block_id)
+        order = self.free_block_ids().tolist()
+        if block not in order:
+            return None
+        index = order.index(block)
+        return order[index - 1] if index > 0 else None
+
     def check_invariants(self) -> None:
         """Check the pool's structure; raise ``InvariantError`` listing every problem found.
 

@@ -23,23 +23,13 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
 
 import kvpool
-
-
-#: Each pool's free-queue view, for its blocks' ``next_free_block``: held weakly, so that a
-#: manager's pool is let go with the manager (the manager's block pool view holds its queue).
-_QUEUES: weakref.WeakValueDictionary[int, FreeQueueView] = weakref.WeakValueDictionary()
+from kvpool import _free_neighbours
 
 
 #: One block as vLLM's ``KVCacheBlock`` (``block_id``, ``ref_cnt``, ``block_hash``, ``is_null``,
 #: ``block_hash_num_tokens``, ``next_free_block``/``prev_free_block``), read from Rust each time;
 #: ``BlockView.of_ids(pool, ids)`` makes a list of them in one call.
 BlockView = kvpool._core.KVCacheBlockView
-
-
-def _neighbour_of(pool: kvpool.BlockPool, block_id: int, step: int) -> Any:
-    """A block view's ``next_free_block`` (``step`` 1) or ``prev_free_block`` (-1), from its
-    pool's free-queue view."""
-    return _QUEUES[id(pool)]._neighbour(block_id, step)
 
 
 class BlockList(Sequence[BlockView]):
@@ -154,25 +144,19 @@ class FreeQueueView:
         self._pool = pool
         self.fake_free_list_head = _End(self, head=True)
         self.fake_free_list_tail = _End(self, head=False)
-        _QUEUES[id(pool)] = self
+        _free_neighbours.QUEUES[id(pool)] = self
 
     def _neighbour(self, block_id: int | None, step: int) -> Any:
-        if step > 0 and (block_id is None or self._pool.ref_count(block_id) == 0):
-            after = self._pool.free_block_ids_after(block_id, 1)
-            if len(after):
-                return BlockView(self._pool, int(after[0]))
-            queued = block_id is None or block_id in self._pool.free_block_ids_after(None, self.num_free_blocks)
-            return self.fake_free_list_tail if queued else None
-        order = self._pool.free_block_ids().tolist()
-        if block_id is None:
-            i = 0 if step > 0 else len(order) - 1
-        elif block_id in order:
-            i = order.index(block_id) + step
-        else:
-            return None
-        if 0 <= i < len(order):
-            return BlockView(self._pool, order[i])
-        return self.fake_free_list_tail if step > 0 else self.fake_free_list_head
+        """A block's neighbour (see ``kvpool._free_neighbours``), or with ``block_id`` None the
+        first free block (``step`` 1, after the fake head) or the last (-1, before the fake
+        tail; O(free blocks))."""
+        if block_id is not None:
+            return _free_neighbours.neighbour_of(self._pool, block_id, step)
+        if step > 0:
+            first = self._pool.free_block_ids_after(None, 1)
+            return BlockView(self._pool, int(first[0])) if len(first) else self.fake_free_list_tail
+        order = self._pool.free_block_ids()
+        return BlockView(self._pool, int(order[-1])) if len(order) else self.fake_free_list_head
 
     @property
     def num_free_blocks(self) -> int:
