@@ -160,7 +160,8 @@ class PoolComparison(RuleBasedStateMachine):
         for name in ("num_blocks", "block_size", "enable_caching", "enable_events", "null_block", "hash_width",
                      "eviction", "adaptive_horizon", "clock", "now", "max_pinned_blocks", "num_evictions"):
             assert getattr(self.subject, name) == getattr(self.oracle, name), name
-        for method in ("free_block_ids", "ref_counts", "get_num_free_blocks", "get_num_cached_blocks", "get_usage",
+        for method in ("free_block_ids", "ref_counts", "get_num_free_blocks", "get_num_cached_blocks",
+                       "get_num_cached_keys", "get_usage",
                        "get_num_pinned_blocks", "pinned_block_ids"):
             got, want = getattr(self.subject, method)(), getattr(self.oracle, method)()
             assert normalize(got) == normalize(want), f"{method}: subject {got!r}, reference {want!r}"

@@ -18,14 +18,14 @@ def request(request_id: str, cache_salt: str | None = None) -> Any:
     return make_request(request_id, list(range(100)), 16, cache_salt=cache_salt, max_tokens=100)
 
 
-def managers(specs: list[Any], events: bool = False) -> list[Any]:
+def managers(specs: list[Any], events: bool = False, num_blocks: int = 64) -> list[Any]:
     """vLLM's manager and kvpool's over the same groups (hashes of 16 tokens)."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
     import kvpool.vllm
 
-    config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
+    config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                            kv_cache_groups=[KVCacheGroupSpec([f"l{i}"], s) for i, s in enumerate(specs)])
     return [cls(config, max_model_len=1024, scheduler_block_size=32, hash_block_size=16, enable_caching=True,
                 enable_kv_cache_events=events) for cls in (KVCacheManager, kvpool.vllm.KVCacheManager)]
@@ -94,3 +94,50 @@ def test_the_coordinator_names_vllms_full_attention_group(layout: list[Any]) -> 
     vllm, ours = managers(layout)
     assert type(ours.coordinator).__name__ == type(vllm.coordinator).__name__ == "HybridKVCacheCoordinator"
     assert ours.coordinator.full_attention_group_id == vllm.coordinator.full_attention_group_id
+
+
+def test_the_cache_map_view_shows_extra_keys_as_vllms_map_does() -> None:
+    # A prompt whose last 32-token block of the second group is cached whole under its full
+    # key and then, as another prompt ends inside it, under a partial (extra) key too: vLLM's
+    # cached_block_hash_to_block holds both; its length counts distinct keys.
+    import random
+
+    import kvpool
+
+    script = random.Random(3)
+    stems = [[script.randrange(1000) for _ in range(script.randrange(8, 90))] for _ in range(4)]
+    ops: list[tuple[Any, ...]] = []
+    live: list[str] = []
+    for step in range(9):
+        draw = script.random()
+        if live and (draw < 0.4 or len(live) > 3):
+            ops.append(("free", live.pop(script.randrange(len(live)))))
+        else:
+            stem = script.choice(stems)
+            tail = [script.randrange(1000) for _ in range(script.randrange(0, 40))]
+            ops.append(("serve", f"r{step}", stem[:script.randrange(1, len(stem) + 1)] + tail))
+            live.append(f"r{step}")
+    seen = []
+    for manager in managers([full(16), full(32)], num_blocks=48):
+        requests: dict[str, Any] = {}
+        for op in ops:
+            if op[0] == "free":
+                manager.free(requests[op[1]])
+            else:
+                requests[op[1]] = req = make_request(op[1], op[2], 16, max_tokens=64)
+                blocks, hit = manager.get_computed_blocks(req)[:2]
+                manager.allocate_slots(req, req.num_tokens - hit, hit, blocks)
+        cache_map = manager.block_pool.cached_block_hash_to_block
+        extra = {block: set(keys) for block, keys in manager.block_pool.cached_block_hashes_by_block.items()}
+        assert extra, "the script leaves a block with an extra key"
+        contained = sorted((block, cache_map.contain(key, block)) for block, keys in extra.items() for key in keys)
+        snapshot = {key: sorted(b.block_id for b in (v.values() if isinstance(v, dict) else [v]))
+                    for key, v in cache_map._cache.items()}
+        seen.append((len(cache_map), contained, snapshot))
+        if type(manager).__module__.startswith("kvpool"):
+            block, keys = next(iter(extra.items()))
+            with pytest.raises(kvpool.InvalidArgumentError):
+                cache_map.pop(next(iter(keys)), block)
+            with pytest.raises(kvpool.InvalidArgumentError):
+                cache_map._cache.pop(next(iter(keys)))
+    assert seen[0] == seen[1]

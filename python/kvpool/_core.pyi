@@ -183,6 +183,11 @@ class BlockPool:
         """Number of blocks in the free queue."""
     def get_num_cached_blocks(self) -> int:
         """Number of blocks holding a cached hash."""
+    def get_num_cached_keys(self) -> int:
+        """Number of distinct keys in the prefix cache (a key several blocks hold counts once;
+        the extra keys of groups with larger blocks count): the length of vLLM's
+        ``cached_block_hash_to_block``.
+        """
     def get_usage(self) -> float:
         """Fraction of usable blocks in use (the null block not counted)."""
     def take_events(self) -> list[KVCacheEvent]:

@@ -708,6 +708,13 @@ impl PyBlockPool {
         self.with_pool(py, |pool| pool.num_cached_blocks())
     }
 
+    /// Number of distinct keys in the prefix cache (a key several blocks hold counts once;
+    /// the extra keys of groups with larger blocks count): the length of vLLM's
+    /// ``cached_block_hash_to_block``.
+    fn get_num_cached_keys(&self, py: Python<'_>) -> usize {
+        self.with_pool(py, |pool| pool.num_cached_keys())
+    }
+
     /// Fraction of usable blocks in use (the null block not counted).
     fn get_usage(&self, py: Python<'_>) -> f64 {
         self.with_pool(py, |pool| pool.usage())

@@ -817,6 +817,13 @@ impl BlockPool {
         self.map.len() - self.partial.num_extra_keys()
     }
 
+    /// Distinct keys in the prefix cache (a key shared by several blocks counts once;
+    /// a block's extra keys, `partial_keys.rs`, count): the length of vLLM's
+    /// `cached_block_hash_to_block`. O(1).
+    pub fn num_cached_keys(&self) -> usize {
+        self.map.num_keys()
+    }
+
     /// Blocks held by requests (the null block not counted).
     pub fn num_used_blocks(&self) -> usize {
         self.usable_blocks() - self.queue.len()

@@ -693,6 +693,10 @@ class BlockPool:
         """Number of blocks holding a hash (in use or free)."""
         return self._num_cached
 
+    def get_num_cached_keys(self) -> int:
+        """Number of distinct keys in the prefix cache (a key several blocks hold counts once)."""
+        return len(self._prefix_map)
+
     def get_usage(self) -> float:
         """Fraction of usable blocks in use: ``1 - free / usable`` (0.0 if nothing is usable).
 

@@ -194,38 +194,55 @@ class _AllBlocks(Sequence[BlockView]):
 
 class _CacheDict(dict):  # type: ignore[type-arg]
     """``cached_block_hash_to_block._cache``: the pool's keys (``BlockHashWithGroupId``) to
-    their blocks, as a dict made when read. Tests edit it to fake an eviction and undo it:
-    ``pop(key)`` drops the key from the pool's prefix cache and assigning a block to a key
-    puts it back, the block staying where it is, with no event (as editing vLLM's dict); a
-    popped block view put back keeps its ``block_hash_num_tokens``. ``copy.copy`` gives a
-    plain dict."""
+    their blocks, as a dict made when read, extra keys (partial-block entries of groups
+    whose blocks are larger than the hash granularity) included. Tests edit it to fake an
+    eviction and undo it: ``pop(key)`` drops the key from the pool's prefix cache and
+    assigning a block to a key puts it back, the block staying where it is, with no event
+    (as editing vLLM's dict); a popped block view put back keeps its
+    ``block_hash_num_tokens``. Unlike vLLM's dict, popping a block's key unkeys the block
+    (vLLM's leaves the block's own ``block_hash`` set until its caller resets it, as
+    ``_maybe_evict_cached_block`` does at once) and drops its extra keys with it; popping an
+    extra key is refused (``InvalidArgumentError``). ``copy.copy`` gives a plain dict."""
 
     def __init__(self, pool: kvpool.BlockPool) -> None:
         super().__init__()
         self._pool = pool
+        if pool.get_num_cached_blocks() == 0:
+            return
+        extra = {int(b): pool.extra_block_hashes(int(b)) for b in pool.blocks_with_extra_hashes()}
+        self._extra_keys = {make_block_hash_with_group_id(h, g) for keys in extra.values() for h, g in keys}
         for block_id in range(pool.num_blocks):
             key = pool.block_hash(block_id)
             if key is None:
                 continue
-            name = make_block_hash_with_group_id(key[0], key[1])
             view = BlockView(pool, block_id)
-            held = dict.get(self, name)
-            if held is None:
-                dict.__setitem__(self, name, view)
-            elif isinstance(held, dict):
-                held[block_id] = view
-            else:
-                dict.__setitem__(self, name, {held.block_id: held, block_id: view})
+            for h, g in [key, *extra.get(block_id, ())]:
+                self._add(make_block_hash_with_group_id(h, g), block_id, view)
         # The pool returns the first-cached block; the dict's first entry must be it.
         for name, held in list(self.items()):
             if isinstance(held, dict):
                 first = pool.get_cached_block(get_block_hash(name), get_group_id(name))
                 dict.__setitem__(self, name, {first: held[first], **held})
 
+    _extra_keys: set[Any] = set()
+
+    def _add(self, name: Any, block_id: int, view: BlockView) -> None:
+        held = dict.get(self, name)
+        if held is None:
+            dict.__setitem__(self, name, view)
+        elif isinstance(held, dict):
+            held[block_id] = view
+        else:
+            dict.__setitem__(self, name, {held.block_id: held, block_id: view})
+
     def __copy__(self) -> dict[Any, Any]:
         return dict(self)
 
     def pop(self, key: Any, *default: Any) -> Any:
+        if key in self._extra_keys:
+            raise kvpool.InvalidArgumentError(
+                "popping a partial-block key from cached_block_hash_to_block._cache is not supported: "
+                "kvpool drops a block's extra keys with its own")
         missing = object()
         value = dict.pop(self, key, missing)
         if value is missing:
@@ -261,26 +278,39 @@ class CachedBlocksView:
         return _CacheDict(self._pool)
 
     def __len__(self) -> int:
-        if self._pool.get_num_cached_blocks() == 0:
-            return 0
-        keys = {self._pool.block_hash(i) for i in range(self._pool.num_blocks)}
-        keys.discard(None)
-        return len(keys)
+        """Distinct keys, extra keys included (O(1))."""
+        return self._pool.get_num_cached_keys()
 
     def __bool__(self) -> bool:
         return self._pool.get_num_cached_blocks() > 0
 
-    def contain(self, key: Any, block_id: int) -> bool:
-        """Whether ``block_id`` holds ``key`` (its primary key: extra keys of blocks larger
-        than the hash granularity are not shown)."""
+    def _holds(self, key: Any, block_id: int) -> str | None:
+        """Whether ``block_id`` holds ``key``: ``"own"`` (its full-block key), ``"extra"`` (a
+        partial-block key of a group with larger blocks) or ``None``."""
         held = self._pool.block_hash(block_id)
-        return held is not None and make_block_hash_with_group_id(held[0], held[1]) == key
+        if held is None:
+            return None
+        if make_block_hash_with_group_id(held[0], held[1]) == key:
+            return "own"
+        extra = self._pool.extra_block_hashes(block_id)
+        return "extra" if any(make_block_hash_with_group_id(h, g) == key for h, g in extra) else None
+
+    def contain(self, key: Any, block_id: int) -> bool:
+        """Whether ``block_id`` holds ``key``, its own or an extra one."""
+        return self._holds(key, block_id) is not None
 
     def pop(self, key: Any, block_id: int) -> BlockView | None:
         """Take ``block_id`` out from under ``key``, with no event (as vLLM's map does):
-        the block, or ``None`` if it did not hold the key."""
-        if not self.contain(key, block_id):
+        the block, or ``None`` if it did not hold the key. The block is unkeyed, its extra
+        keys with it (vLLM's caller resets the block at once); an extra key is refused
+        (``InvalidArgumentError``), as in ``_cache``."""
+        holds = self._holds(key, block_id)
+        if holds is None:
             return None
+        if holds == "extra":
+            raise kvpool.InvalidArgumentError(
+                "popping a partial-block key from cached_block_hash_to_block is not supported: "
+                "kvpool drops a block's extra keys with its own")
         self._pool._set_block_hash(block_id, None)
         return BlockView(self._pool, block_id)
 
