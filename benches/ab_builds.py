@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import random
 import statistics
 import time
@@ -32,17 +31,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from module_files import load_module
+
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 
 
 def load_build(path: str) -> ModuleType:
     """The extension module compiled at ``path``, loaded as a module of its own."""
-    spec = importlib.util.spec_from_file_location("_core", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"{path}: not a loadable extension module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("_core", path)
 
 
 def hash_workloads(core: ModuleType, prompts: list[list[int]]) -> dict[str, Callable[[], Any]]:

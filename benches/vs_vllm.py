@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
+import importlib
 import json
 import os
 import statistics
@@ -65,6 +65,7 @@ import numpy as np  # noqa: E402
 import kvpool  # noqa: E402
 from kvpool.bench import churn_keys as bench_churn_keys  # noqa: E402
 from kvpool.simulate import replay as kvpool_replay  # noqa: E402
+from module_files import load_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PEER = ROOT.parent / "shared" / "peers" / "vllm_blockpool_peer.py"
@@ -76,12 +77,7 @@ REPEAT = 10
 
 def load_peer(path: Path) -> Any:
     """The shared peer benchmark as a module (it holds the vLLM loader)."""
-    spec = importlib.util.spec_from_file_location("vllm_blockpool_peer", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load the vLLM peer from {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("vllm_blockpool_peer", path)
 
 
 def quartiles(values: list[float]) -> tuple[float, float]:
