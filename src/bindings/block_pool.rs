@@ -57,12 +57,21 @@ impl PyBlockPool {
         py: Python<'_>,
         f: impl FnOnce(&mut pool::BlockPool) -> R,
     ) -> R {
-        with_lock(py, &self.inner, |pool| {
-            let result = f(pool);
-            self.queue_version
-                .store(pool.free_queue_version(), Ordering::Release);
-            result
-        })
+        with_lock(py, &self.inner, |pool| self.noting_queue_version(pool, f))
+    }
+
+    /// `f(pool)`, then the queue's version mirrored for [`Self::queue_version`]: every
+    /// path that holds the pool's lock goes through here.
+    #[inline]
+    fn noting_queue_version<R>(
+        &self,
+        pool: &mut pool::BlockPool,
+        f: impl FnOnce(&mut pool::BlockPool) -> R,
+    ) -> R {
+        let result = f(pool);
+        self.queue_version
+            .store(pool.free_queue_version(), Ordering::Release);
+        result
     }
 
     /// The free queue's version as of the last call that held the pool's lock (every
@@ -76,12 +85,7 @@ impl PyBlockPool {
     /// array: on false the caller takes its general path, which finds the pool as it
     /// was (a failed call changes nothing) and reports any error.
     fn done_in_place(&self, f: impl FnOnce(&mut pool::BlockPool) -> pool::PoolResult<()>) -> bool {
-        let in_place = |pool: &mut pool::BlockPool| {
-            let result = f(pool);
-            self.queue_version
-                .store(pool.free_queue_version(), Ordering::Release);
-            result
-        };
+        let in_place = |pool: &mut pool::BlockPool| self.noting_queue_version(pool, f);
         matches!(try_with_lock(&self.inner, in_place), Some(Ok(())))
     }
 

@@ -941,15 +941,6 @@ impl BlockPool {
             .filter(|&t| t > 0))
     }
 
-    /// The free queue after block `cursor`, head to tail (from the head when `None`;
-    /// nothing when `cursor` is not free), at most `max` ids appended to `out`: vLLM's
-    /// `FreeKVCacheBlockQueue.iter_blocks_after`, which offloading connectors walk in
-    /// steps. O(max) from any free block under LRU and priorities, and from an
-    /// uncached one under every policy; from a cached block under the adaptive policy
-    /// also O(its position among the cached blocks); from a never-used block, also
-    /// O(the never-used blocks after it taken out of order, by `touch`, which engines
-    /// do not do: each such gap is paid once by a walk). Expiries due are applied
-    /// first, as for every read of the order.
     /// The free block just before block `id` in the free queue, toward the head:
     /// vLLM's `KVCacheBlock.prev_free_block`. `None` when `id` is the head or not free.
     /// O(1) for a cached block under LRU and priorities; see the free queue's
@@ -969,6 +960,15 @@ impl BlockPool {
         self.queue.version()
     }
 
+    /// The free queue after block `cursor`, head to tail (from the head when `None`;
+    /// nothing when `cursor` is not free), at most `max` ids appended to `out`: vLLM's
+    /// `FreeKVCacheBlockQueue.iter_blocks_after`, which offloading connectors walk in
+    /// steps. O(max) from any free block under LRU and priorities, and from an
+    /// uncached one under every policy; from a cached block under the adaptive policy
+    /// also O(its position among the cached blocks); from a never-used block, also
+    /// O(the never-used blocks after it taken out of order, by `touch`, which engines
+    /// do not do: each such gap is paid once by a walk). Expiries due are applied
+    /// first, as for every read of the order.
     pub fn free_block_ids_after(
         &mut self,
         cursor: Option<u32>,

@@ -12,9 +12,8 @@ allocation rules live in Rust (``kvpool.BlockTables``); nothing here changes sta
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -207,6 +206,7 @@ class _CacheDict(dict):  # type: ignore[type-arg]
     def __init__(self, pool: kvpool.BlockPool) -> None:
         super().__init__()
         self._pool = pool
+        self._extra_keys: set[Any] = set()
         if pool.get_num_cached_blocks() == 0:
             return
         extra = {int(b): pool.extra_block_hashes(int(b)) for b in pool.blocks_with_extra_hashes()}
@@ -224,8 +224,6 @@ class _CacheDict(dict):  # type: ignore[type-arg]
                 first = pool.get_cached_block(get_block_hash(name), get_group_id(name))
                 dict.__setitem__(self, name, {first: held[first], **held})
 
-    _extra_keys: set[Any] = set()
-
     def _add(self, name: Any, block_id: int, view: BlockView) -> None:
         held = dict.get(self, name)
         if held is None:
@@ -240,9 +238,7 @@ class _CacheDict(dict):  # type: ignore[type-arg]
 
     def pop(self, key: Any, *default: Any) -> Any:
         if key in self._extra_keys:
-            raise kvpool.InvalidArgumentError(
-                "popping a partial-block key from cached_block_hash_to_block._cache is not supported: "
-                "kvpool drops a block's extra keys with its own")
+            _refuse_extra_key_pop()
         missing = object()
         value = dict.pop(self, key, missing)
         if value is missing:
@@ -259,6 +255,14 @@ class _CacheDict(dict):  # type: ignore[type-arg]
         for view in _views_of(value):
             self._pool._set_block_hash(view.block_id, get_block_hash(key), get_group_id(key),
                                        num_tokens=getattr(view, "_num_tokens_when_unkeyed", None))
+
+
+def _refuse_extra_key_pop() -> NoReturn:
+    """Popping a partial-block (extra) key from ``cached_block_hash_to_block`` is not
+    supported: kvpool keeps a block's extra keys only beside its own, and drops them with it."""
+    raise kvpool.InvalidArgumentError(
+        "popping a partial-block key from cached_block_hash_to_block is not supported: "
+        "kvpool drops a block's extra keys with its own")
 
 
 def _views_of(value: Any) -> list[BlockView]:
@@ -308,9 +312,7 @@ class CachedBlocksView:
         if holds is None:
             return None
         if holds == "extra":
-            raise kvpool.InvalidArgumentError(
-                "popping a partial-block key from cached_block_hash_to_block is not supported: "
-                "kvpool drops a block's extra keys with its own")
+            _refuse_extra_key_pop()
         self._pool._set_block_hash(block_id, None)
         return BlockView(self._pool, block_id)
 
