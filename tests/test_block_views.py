@@ -253,3 +253,54 @@ def test_neighbours_follow_the_queue_and_end_in_none_without_a_queue_view(evicti
     for block in [0, *order[100:], *range(160, 170)]:  # the null block, blocks in use
         view = KVCacheBlockView(pool, block)
         assert (view.prev_free_block, view.next_free_block, pool.free_block_id_before(block)) == (None, None, None)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "priority", "adaptive"])
+def test_walks_beside_a_thread_that_changes_the_pool(eviction: str) -> None:
+    # Two walks run while a third thread takes, frees and hits blocks: the walk's version
+    # check reads an atomic and never waits on the pool's lock while holding its own, so
+    # nothing hangs or fails and the pool stays whole. (A walk may yield a block twice here,
+    # as vLLM's does: a cached block it passed, hit and freed again, rejoins ahead of it at
+    # the tail. Step-by-step agreement is checked single-threaded above.)
+    pool = scrambled_pool(3_000, seed=9)
+    if eviction != "lru":
+        pool = kvpool.BlockPool(3_000, enable_caching=True, block_size=16, eviction=eviction)
+        ids = pool.get_new_blocks(2_999)
+        pool.cache_full_blocks(ids[:1_500], [int(i).to_bytes(32, "big") for i in ids[:1_500]], 0, 1_500)
+        pool.free_blocks(ids[::-1].copy())
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        rng = random.Random(2)
+        try:
+            while not stop.is_set():
+                taken = pool.get_new_blocks(rng.randint(1, 8))
+                free = pool.free_block_ids()
+                hit = np.array(rng.sample(free.tolist(), min(3, len(free))), dtype=np.int32)
+                pool.touch(hit)
+                pool.free_blocks(np.concatenate([taken, hit]))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    seen: list[list[int]] = [[], []]
+
+    def walk(out: list[int]) -> None:
+        try:
+            for _ in range(20):
+                out.clear()
+                out.extend(view.block_id for view in FreeBlockWalk(pool))
+                assert all(0 < b < 3_000 for b in out)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn)] + [threading.Thread(target=walk, args=(s,)) for s in seen]
+    for t in threads:
+        t.start()
+    for t in threads[1:]:
+        t.join(timeout=120)
+    stop.set()
+    threads[0].join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert errors == []
+    pool.check_invariants()
