@@ -351,6 +351,9 @@ impl BlockPool {
         }
         let from_list = self.queue.take_front_n(&mut self.slab, n, out);
         // Only blocks from the queue's lists can still hold a hash.
+        if from_list == out.len() {
+            return Ok(());
+        }
         let adaptive = self.config.eviction == EvictionPolicy::Adaptive;
         let mut ghosts = std::mem::take(&mut self.ghost_scratch);
         ghosts.clear();

@@ -429,7 +429,8 @@ impl FreeQueue {
             self.changed();
         }
         for &id in ids.iter().rev() {
-            *slab.get_mut(id) = BlockMeta::stacked(self.stack.len() as u32);
+            slab.get_mut(id)
+                .store(BlockMeta::stacked(self.stack.len() as u32));
             self.stack.push(id);
         }
         self.stack_live += ids.len() as u32;

@@ -28,6 +28,7 @@ mod key_hasher;
 mod known_hashes;
 mod kv_groups;
 mod manager;
+mod meta_store;
 mod partial_keys;
 pub use partial_keys::PartialBlock;
 mod pins;

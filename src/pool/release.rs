@@ -182,7 +182,7 @@ impl ReleaseRun<'_, '_> {
                 // this call put there before.
                 cursor -= 1;
                 self.slots[cursor] = id;
-                *meta = BlockMeta::stacked(cursor as u32);
+                meta.store(BlockMeta::stacked(cursor as u32));
             } else if CACHING && meta.ref_cnt == 1 {
                 // Cached, its last reference: to the tail once the pass is done (the
                 // common case of a caching pool, so inline too).
@@ -227,7 +227,7 @@ impl ReleaseRun<'_, '_> {
             if meta.ref_cnt == 1 && !(caching && meta.is_cached()) {
                 cursor -= 1;
                 self.slots[cursor] = id;
-                *meta = BlockMeta::stacked(cursor as u32);
+                meta.store(BlockMeta::stacked(cursor as u32));
             } else if !Self::other(meta, id, self.to_tail) {
                 *self.next = cursor;
                 return Err((k, id));

@@ -7,7 +7,10 @@ pub const NIL: u32 = u32::MAX;
 
 /// Everything the pool knows about one block besides its hash, which lives in the
 /// prefix map's arena at `key_slot`.
+/// `repr(C)`: four `u32` in this order, 16 bytes (written in one store by
+/// `meta_store.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
 pub struct BlockMeta {
     /// How many requests hold the block. 0 exactly when the block is in the free queue
     /// (the null block excepted).
