@@ -216,6 +216,11 @@ fn compare(pool: &mut BlockPool, model: &mut Model) {
         "free queue"
     );
     assert_eq!(
+        pool.last_free_block_id(),
+        model.queue.last().copied(),
+        "last free block"
+    );
+    assert_eq!(
         pool.ref_counts().collect::<Vec<_>>(),
         model.counts,
         "counts"

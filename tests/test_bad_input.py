@@ -178,7 +178,6 @@ DTYPE_CASES = [
     ("pool", lambda p: p.free_block_ids_after(True, 4)),
     ("pool", lambda p: p.free_block_ids_after(None, 4.0)),
     ("pool", lambda p: p.free_block_id_before(True)),
-    ("pool", lambda p: p.free_block_id_before(None)),
     ("pool", lambda p: p._set_block_hash(1, DIGEST, num_tokens=1.5)),
     ("manager", lambda m: m.allocate_slots("b", True)),
     ("manager", lambda m: m.schedule_step(["b"], True)),

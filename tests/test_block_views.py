@@ -250,6 +250,7 @@ def test_neighbours_follow_the_queue_and_end_in_none_without_a_queue_view(evicti
         assert (before.block_id if before is not None else None) == (queue[i - 1] if i else None)
         assert (after.block_id if after is not None else None) == (queue[i + 1] if i + 1 < len(queue) else None)
         assert pool.free_block_id_before(block) == (queue[i - 1] if i else None)
+    assert pool.free_block_id_before(None) == queue[-1]
     for block in [0, *order[100:], *range(160, 170)]:  # the null block, blocks in use
         view = KVCacheBlockView(pool, block)
         assert (view.prev_free_block, view.next_free_block, pool.free_block_id_before(block)) == (None, None, None)

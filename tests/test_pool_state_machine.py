@@ -180,8 +180,8 @@ class PoolComparison(RuleBasedStateMachine):
             for max_blocks in (0, 2, self.num_blocks):
                 got, want = (pool.free_block_ids_after(cursor, max_blocks) for pool in (self.subject, self.oracle))
                 assert normalize(got) == normalize(want), f"free_block_ids_after({cursor}, {max_blocks})"
-        # And backwards, from every block (vLLM's prev_free_block).
-        for block_id in range(self.num_blocks):
+        # And backwards, from every block (vLLM's prev_free_block) and from the tail.
+        for block_id in [None, *range(self.num_blocks)]:
             got, want = (pool.free_block_id_before(block_id) for pool in (self.subject, self.oracle))
             assert got == want, f"free_block_id_before({block_id}): subject {got!r}, reference {want!r}"
         for name in ("max_pending_events", "num_pending_events", "num_dropped_events"):

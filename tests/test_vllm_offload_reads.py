@@ -65,7 +65,12 @@ def observe(manager: Any, rng: random.Random) -> dict[str, Any]:
     walks.update({b: [x.block_id for x in queue.iter_blocks_after(pool.blocks[b])] for b in in_use})
     blocks = [(b.block_hash, b.block_hash_num_tokens) for b in (pool.blocks[i] for i in range(pool.num_gpu_blocks))]
     extra = {block_id: set(keys) for block_id, keys in pool.cached_block_hashes_by_block.items() if keys}
-    return {"order": order, "walks": walks, "blocks": blocks, "extra": extra}
+    # The list's ends, as code walking vLLM's linked list from either end reads them.
+    last = queue.fake_free_list_tail.prev_free_block
+    first = queue.fake_free_list_head.next_free_block
+    ends = ("head" if last is queue.fake_free_list_head else last.block_id,
+            "tail" if first is queue.fake_free_list_tail else first.block_id)
+    return {"order": order, "walks": walks, "blocks": blocks, "extra": extra, "ends": ends}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

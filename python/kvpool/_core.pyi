@@ -280,10 +280,12 @@ class BlockPool:
         O(``max_blocks``) from any free block under LRU and priorities (from a cached
         block under the adaptive policy, also O(its position among the cached blocks)).
         """
-    def free_block_id_before(self, block_id: int) -> int | None:
+    def free_block_id_before(self, block_id: int | None) -> int | None:
         """The free block just before block ``block_id`` in the free queue, toward the head
         (vLLM's ``KVCacheBlock.prev_free_block``), or None when ``block_id`` is the head or
-        not free. O(1) for a cached block under LRU and priorities.
+        not free; with ``block_id`` None, the queue's last block (None when it is empty).
+        O(1) for a cached block under LRU and priorities, and for the last block whenever
+        a cached block is free.
         """
     def check_invariants(self) -> None:
         """Walk the whole structure; raise ``InvariantError`` listing every broken invariant."""

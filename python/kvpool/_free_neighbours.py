@@ -6,8 +6,9 @@ vLLM's free queue is a linked list with two sentinel blocks at its ends; kvpool.
 registers itself here, so that the neighbours of a pool's first and last free blocks are
 those ends. A view of a pool with no queue view (one made with ``KVCacheBlockView`` or
 ``FreeBlockWalk`` on a plain ``kvpool.BlockPool``) has ``None`` past the ends. Every answer
-is O(1) from Rust (``free_block_ids_after``, ``free_block_id_before``) but the previous
-block under the adaptive policy, which is O(its position among the cached blocks).
+is O(1) from Rust (``free_block_ids_after``, ``free_block_id_before``; the last block,
+behind the fake tail, is ``free_block_id_before(None)``) but the previous block under the
+adaptive policy, which is O(its position among the cached blocks).
 """
 
 from __future__ import annotations

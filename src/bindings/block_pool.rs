@@ -937,15 +937,22 @@ impl PyBlockPool {
 
     /// The free block just before block ``block_id`` in the free queue, toward the head
     /// (vLLM's ``KVCacheBlock.prev_free_block``), or None when ``block_id`` is the head or
-    /// not free. O(1) for a cached block under LRU and priorities.
+    /// not free; with ``block_id`` None, the queue's last block (None when it is empty).
+    /// O(1) for a cached block under LRU and priorities, and for the last block whenever
+    /// a cached block is free.
     fn free_block_id_before(
         &self,
         py: Python<'_>,
-        block_id: &Bound<'_, PyAny>,
+        block_id: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<u32>> {
-        let id = self.one_id(block_id)?;
-        self.with_pool(py, |pool| pool.free_block_id_before(id))
-            .py_err(py)
+        match block_id {
+            Some(block_id) => {
+                let id = self.one_id(block_id)?;
+                self.with_pool(py, |pool| pool.free_block_id_before(id))
+                    .py_err(py)
+            }
+            None => Ok(self.with_pool(py, |pool| pool.last_free_block_id())),
+        }
     }
 
     /// Walk the whole structure; raise ``InvariantError`` listing every broken invariant.

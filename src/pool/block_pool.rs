@@ -955,6 +955,15 @@ impl BlockPool {
         Ok(self.queue.id_before(&self.slab, id))
     }
 
+    /// The free queue's last block (vLLM's `fake_free_list_tail.prev_free_block`), or
+    /// `None` when no block is free. O(1) whenever a cached block is free, under every
+    /// policy; see the free queue's `last_id`. Expiries due are applied first, as for
+    /// every read of the order.
+    pub fn last_free_block_id(&mut self) -> Option<u32> {
+        self.apply_expiries();
+        self.queue.last_id(&self.slab)
+    }
+
     /// A number that changes whenever the free queue may have changed (a block
     /// taken, freed, moved or re-classed; the eviction policy's state updated): equal
     /// numbers mean the same queue in the same order, so a walk that read part of it

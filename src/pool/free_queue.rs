@@ -602,6 +602,42 @@ impl FreeQueue {
         }
     }
 
+    /// The queue's last block (its tail: vLLM's `fake_free_list_tail.prev_free_block`),
+    /// or `None` when the queue is empty. With cached blocks free, O(1) under every
+    /// policy: the tail of the list that the policy's order ends with (the last
+    /// non-empty class; under the adaptive policy, the band tail with the greater
+    /// credit, band 1 on a tie, since each band is in credit order and the merge takes
+    /// band 0 first on a tie). Otherwise O(the fresh range's gaps or the stack's
+    /// tombstones crossed), as [`Self::id_before`].
+    pub fn last_id(&self, slab: &Slab) -> Option<u32> {
+        let adaptive = self.eviction.policy() == EvictionPolicy::Adaptive;
+        let mut last: Option<(u64, u32)> = None;
+        for class in self.lists.nonempty_classes() {
+            let tail = self.lists.ends(class).tail;
+            let key = if adaptive {
+                self.eviction.credit(tail)
+            } else {
+                0
+            };
+            if last.is_none_or(|(k, _)| key >= k) {
+                last = Some((key, tail));
+            }
+        }
+        let last = last
+            .map(|(_, id)| id)
+            .or_else(|| self.fresh_last(slab))
+            .or_else(|| self.stack_last());
+        debug_assert_eq!(
+            last,
+            self.list_order(slab)
+                .last()
+                .or_else(|| self.fresh_last(slab))
+                .or_else(|| self.stack_last()),
+            "the last block by the lists' tails differs from the walk's"
+        );
+        last
+    }
+
     /// The stack's last block in queue order (its lowest live entry).
     fn stack_last(&self) -> Option<u32> {
         self.stack.iter().copied().find(|&id| id != NIL)

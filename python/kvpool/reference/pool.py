@@ -871,9 +871,13 @@ class BlockPool:
             after = []
         return np.array(after[:max_blocks], dtype=np.int32)
 
-    def free_block_id_before(self, block_id: int) -> int | None:
+    def free_block_id_before(self, block_id: int | None) -> int | None:
         """The free block just before ``block_id`` in the free queue, toward the head, or
-        ``None`` when ``block_id`` is the head or not free."""
+        ``None`` when ``block_id`` is the head or not free; with ``block_id`` None, the
+        queue's last block (``None`` when it is empty)."""
+        if block_id is None:
+            order = self.free_block_ids().tolist()
+            return order[-1] if order else None
         block = self._as_block_id(block_id)
         order = self.free_block_ids().tolist()
         if block not in order:
