@@ -16,7 +16,11 @@ Workloads (calls per round in brackets):
   vLLM's output (a list of 32- or 16-byte ``bytes``), 1,200-token prompts as lists [320];
 * ``hash-ALGO-rust``: ``hash_tokens(prompt)``, the hashes kept in Rust [320];
 * ``alloc-free``: ``get_new_blocks(44)`` then ``free_blocks(ids, reverse=True)`` on a pool of
-  32,768 blocks, caching off [3,200].
+  32,768 blocks, caching off [3,200];
+* ``churn-SHAPE``: vs_vllm's evicting churn on a 100,000-block pool: ``get_new_blocks(64)``
+  (each block evicted from the prefix cache), ``cache_full_blocks`` under new keys, ``free_blocks(
+  ..., reverse=True)``; each round one cycle of the pool, the keys alternating between two sets
+  so that every round evicts the one before; SHAPE ``sha256`` and ``int32-be`` [1,562].
 Each build's results are checked equal before timing.
 """
 
@@ -70,7 +74,39 @@ def alloc_workload(core: ModuleType) -> dict[str, Callable[[], Any]]:
     return {"alloc-free": run}
 
 
+CHURN_POOL, CHURN_BATCH = 100_000, 64
+CHURN_CALLS = (CHURN_POOL - 1) // CHURN_BATCH
+
+
+def churn_workloads(core: ModuleType) -> dict[str, Callable[[], Any]]:
+    """The evicting churn, one pool cycle a round, for each key shape."""
+    import numpy as np
+
+    from kvpool.bench import churn_keys
+
+    out: dict[str, Callable[[], Any]] = {}
+    for shape in ("sha256", "int32-be"):
+        keys = [churn_keys(shape, np.arange(i, i + CHURN_BATCH, dtype=np.uint64))
+                for i in range(0, 2 * CHURN_CALLS * CHURN_BATCH, CHURN_BATCH)]
+        sets = [keys[:CHURN_CALLS], keys[CHURN_CALLS:]]
+        pool = core.BlockPool(CHURN_POOL, enable_caching=True, block_size=16)
+        rounds = [0]
+
+        def cycle(pool: Any = pool, sets: list[Any] = sets, rounds: list[int] = rounds) -> None:
+            for k in sets[rounds[0] % 2]:
+                blocks = pool.get_new_blocks(CHURN_BATCH)
+                pool.cache_full_blocks(blocks, k, 0, CHURN_BATCH)
+                pool.free_blocks(blocks, reverse=True)
+            rounds[0] += 1
+
+        cycle()  # fill the cache, untimed
+        out[f"churn-{shape}"] = cycle
+    return out
+
+
 def calls_per_round(name: str) -> int:
+    if name.startswith("churn"):
+        return CHURN_CALLS
     return 3_200 if name == "alloc-free" else 320
 
 
@@ -79,7 +115,7 @@ def main() -> None:
     parser.add_argument("old", help="the baseline build (a compiled _core .so)")
     parser.add_argument("new", help="the build to compare with it")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--only", default="hash,alloc", help="comma-separated: hash, alloc")
+    parser.add_argument("--only", default="hash,alloc", help="comma-separated: hash, alloc, churn")
     args = parser.parse_args()
     only = set(args.only.split(","))
     builds = {"old": load_build(args.old), "new": load_build(args.new)}
@@ -92,6 +128,8 @@ def main() -> None:
             work[label].update(hash_workloads(core, prompts))
         if "alloc" in only:
             work[label].update(alloc_workload(core))
+        if "churn" in only:
+            work[label].update(churn_workloads(core))
     for name in work["old"]:
         if name.startswith("hash"):
             old, new = work["old"][name](), work["new"][name]()
