@@ -5,10 +5,10 @@
 //! three stores (a 4-byte count, a 4-byte index, the two constants as 8 bytes),
 //! and a free pass is bound by its stores: with the slot the block takes on the
 //! stack, four a block. [`BlockMeta::store`] builds the 16 bytes in a vector
-//! register and writes them at once (SSE2, on every x86-64): the core's
-//! allocate+free of 44 blocks went from 97-99 ns to 85-87 ns (`cargo bench --bench
-//! alloc_free`, both builds alternated, `docs/benchmarks.md`). Other targets assign
-//! the struct.
+//! register and writes them at once (SSE2, on every x86-64): allocate+free of 44
+//! blocks through Python took 0.84-0.97x of the time before (`benches/ab_builds.py`;
+//! in `cargo bench` the gain is within code placement's noise, see
+//! `docs/benchmarks.md`, eleventh sitting). Other targets assign the struct.
 //!
 //! One of the crate's modules with `unsafe` code: one unaligned vector store into a
 //! `&mut BlockMeta`, which is exactly 16 bytes (`#[repr(C)]`, four `u32`, checked
