@@ -24,7 +24,7 @@ impl BlockMeta {
     /// Overwrites this metadata with `value` in one 16-byte store (see the module).
     #[inline(always)]
     pub fn store(&mut self, value: BlockMeta) {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
         {
             use std::arch::x86_64::{__m128i, _mm_set_epi32, _mm_storeu_si128};
             // SAFETY: `self` is a valid, exclusive reference to 16 bytes (`BlockMeta`
@@ -43,7 +43,7 @@ impl BlockMeta {
                 _mm_storeu_si128(std::ptr::from_mut(self).cast::<__m128i>(), lanes);
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
         {
             *self = value;
         }
