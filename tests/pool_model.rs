@@ -232,6 +232,10 @@ fn compare(pool: &mut BlockPool, model: &mut Model) {
             .map(|k| (k.hash.as_bytes().to_vec(), k.group));
         assert_eq!(got, model.hashes[id as usize], "hash of block {id}");
     }
+    let cached: Vec<u32> = (0..model.hashes.len() as u32)
+        .filter(|&id| model.hashes[id as usize].is_some())
+        .collect();
+    assert_eq!(pool.cached_block_ids(), cached, "cached blocks");
     assert_eq!(
         pool.num_cached_blocks(),
         model.map.iter().map(|(_, b)| b.len()).sum::<usize>()

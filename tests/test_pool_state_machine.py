@@ -162,7 +162,7 @@ class PoolComparison(RuleBasedStateMachine):
             assert getattr(self.subject, name) == getattr(self.oracle, name), name
         for method in ("free_block_ids", "ref_counts", "get_num_free_blocks", "get_num_cached_blocks",
                        "get_num_cached_keys", "get_usage",
-                       "get_num_pinned_blocks", "pinned_block_ids"):
+                       "get_num_pinned_blocks", "pinned_block_ids", "cached_block_ids"):
             got, want = getattr(self.subject, method)(), getattr(self.oracle, method)()
             assert normalize(got) == normalize(want), f"{method}: subject {got!r}, reference {want!r}"
         for block_id in range(self.num_blocks):

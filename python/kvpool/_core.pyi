@@ -269,6 +269,11 @@ class BlockPool:
         groups whose blocks are larger than the hash granularity (vLLM's
         ``BlockPool.cached_block_hashes_by_block``). Empty for most blocks.
         """
+    def cached_block_ids(self) -> _BlockIds:
+        """The blocks that hold a block hash (``block_hash(id)`` is not None), in id order:
+        one call in O(cached blocks), where asking ``block_hash`` of every block is one
+        call per block of the pool.
+        """
     def blocks_with_extra_hashes(self) -> _BlockIds:
         """The blocks that hold keys beyond their primary one (see
         ``extra_block_hashes``), in id order.

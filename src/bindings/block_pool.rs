@@ -905,6 +905,14 @@ impl PyBlockPool {
         keys.iter().map(|k| key_tuple(py, k)).collect()
     }
 
+    /// The blocks that hold a block hash (``block_hash(id)`` is not None), in id order:
+    /// one call in O(cached blocks), where asking ``block_hash`` of every block is one
+    /// call per block of the pool.
+    fn cached_block_ids<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let ids = self.with_pool(py, |pool| pool.cached_block_ids());
+        ids_to_numpy(py, &ids)
+    }
+
     /// The blocks that hold keys beyond their primary one (see
     /// ``extra_block_hashes``), in id order.
     fn blocks_with_extra_hashes<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {

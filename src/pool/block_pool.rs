@@ -925,6 +925,19 @@ impl BlockPool {
         self.slab.iter().map(|m| m.ref_cnt)
     }
 
+    /// The blocks that hold a key (their own: [`Self::block_hash`] is `Some`), in id
+    /// order. O(cached keys) from the prefix map, plus a sort, not O(blocks of the pool).
+    pub fn cached_block_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .map
+            .live_entries()
+            .filter(|&(slot, block)| self.slab.get(block).key_slot == slot)
+            .map(|(_, block)| block)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Block `id`'s cached key, if it holds one.
     pub fn block_hash(&self, id: u32) -> PoolResult<Option<BlockHashKey>> {
         self.check_ids(&[id])?;

@@ -245,6 +245,16 @@ impl PrefixMap {
         removed.key
     }
 
+    /// Every live entry as `(slot, block)`, in slot order: O(entries since the map was
+    /// last empty), not O(blocks of the pool).
+    pub fn live_entries(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.block != NIL)
+            .map(|(slot, e)| (slot as u32, e.block))
+    }
+
     /// Calls `f` with every cached block, then drops every entry. Costs O(entries
     /// since the map was last empty), not O(blocks of the pool).
     pub fn drain_blocks(&mut self, mut f: impl FnMut(u32)) {

@@ -853,6 +853,10 @@ class BlockPool:
         self._as_block_id(block_id)
         return []
 
+    def cached_block_ids(self) -> npt.NDArray[Any]:
+        """The blocks that hold a block hash, in id order (int32)."""
+        return np.array([b for b, key in enumerate(self._block_keys) if key is not None], dtype=np.int32)
+
     def blocks_with_extra_hashes(self) -> npt.NDArray[Any]:
         """The blocks holding keys beyond their own: none here (int32)."""
         return np.array([], dtype=np.int32)
