@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -88,16 +89,14 @@ def churn_workloads(core: ModuleType) -> dict[str, Callable[[], Any]]:
     for shape in ("sha256", "int32-be"):
         keys = [churn_keys(shape, np.arange(i, i + CHURN_BATCH, dtype=np.uint64))
                 for i in range(0, 2 * CHURN_CALLS * CHURN_BATCH, CHURN_BATCH)]
-        sets = [keys[:CHURN_CALLS], keys[CHURN_CALLS:]]
+        sets = itertools.cycle([keys[:CHURN_CALLS], keys[CHURN_CALLS:]])
         pool = core.BlockPool(CHURN_POOL, enable_caching=True, block_size=16)
-        rounds = [0]
 
-        def cycle(pool: Any = pool, sets: list[Any] = sets, rounds: list[int] = rounds) -> None:
-            for k in sets[rounds[0] % 2]:
+        def cycle(pool: Any = pool, sets: Iterator[list[Any]] = sets) -> None:
+            for k in next(sets):
                 blocks = pool.get_new_blocks(CHURN_BATCH)
                 pool.cache_full_blocks(blocks, k, 0, CHURN_BATCH)
                 pool.free_blocks(blocks, reverse=True)
-            rounds[0] += 1
 
         cycle()  # fill the cache, untimed
         out[f"churn-{shape}"] = cycle

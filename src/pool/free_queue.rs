@@ -561,7 +561,7 @@ impl FreeQueue {
         }
         let meta = slab.get(cursor);
         // Before the lists: the fresh range's last block, else the stack's last.
-        let before_lists = || self.fresh_last(slab).or_else(|| self.stack_last());
+        let before_lists = || self.unlisted_last(slab);
         match Place::of(meta) {
             Place::Stack(index) => {
                 if self.stack.get(index as usize) != Some(&cursor) {
@@ -623,19 +623,20 @@ impl FreeQueue {
                 last = Some((key, tail));
             }
         }
-        let last = last
-            .map(|(_, id)| id)
-            .or_else(|| self.fresh_last(slab))
-            .or_else(|| self.stack_last());
+        let last = last.map(|(_, id)| id).or_else(|| self.unlisted_last(slab));
         debug_assert_eq!(
             last,
             self.list_order(slab)
                 .last()
-                .or_else(|| self.fresh_last(slab))
-                .or_else(|| self.stack_last()),
+                .or_else(|| self.unlisted_last(slab)),
             "the last block by the lists' tails differs from the walk's"
         );
         last
+    }
+
+    /// The last block before the lists: the fresh range's last, else the stack's.
+    fn unlisted_last(&self, slab: &Slab) -> Option<u32> {
+        self.fresh_last(slab).or_else(|| self.stack_last())
     }
 
     /// The stack's last block in queue order (its lowest live entry).

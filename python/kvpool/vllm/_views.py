@@ -212,9 +212,7 @@ class _CacheDict(dict):  # type: ignore[type-arg]
         extra = {int(b): pool.extra_block_hashes(int(b)) for b in pool.blocks_with_extra_hashes()}
         self._extra_keys = {make_block_hash_with_group_id(h, g) for keys in extra.values() for h, g in keys}
         for block_id in pool.cached_block_ids().tolist():
-            key = pool.block_hash(block_id)
-            if key is None:
-                continue
+            key = pool.block_hash(block_id)  # never None: the block holds a hash
             view = BlockView(pool, block_id)
             for h, g in [key, *extra.get(block_id, ())]:
                 self._add(make_block_hash_with_group_id(h, g), block_id, view)
