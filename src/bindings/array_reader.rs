@@ -9,9 +9,9 @@
 //! [`borrow_ids`] skips even that copy for the common case, a contiguous 4-byte array
 //! or its reversed view, and lends the array's memory as a slice.
 //!
-//! One of the crate's eight modules with `unsafe` code (with `int_reader.rs`,
+//! One of the crate's nine modules with `unsafe` code (with `int_reader.rs`,
 //! `bytes_reader.rs`, `recycled_ids.rs`, `block_view.rs`, `zmq_sink.rs`,
-//! `pool/stream_copy.rs` and `pool/meta_store.rs`). The
+//! `pool/stream_copy.rs`, `pool/meta_store.rs` and `pool/hashing/sha_ni.rs`). The
 //! reads are sound because:
 //! - the object is exactly `numpy.ndarray` (not a subclass that could lie about its
 //!   layout), one-dimensional, of a 4- or 8-byte integer dtype in native byte order

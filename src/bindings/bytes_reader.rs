@@ -8,9 +8,9 @@
 //! from the list's item array, one comparison with `PyBytes_Type`, the length from the
 //! object's header and the bytes from its inline buffer.
 //!
-//! One of the crate's eight modules with `unsafe` code (with `int_reader.rs`,
-//! `array_reader.rs`, `recycled_ids.rs`, `block_view.rs`, `zmq_sink.rs`, `pool/stream_copy.rs`
-//! and `pool/meta_store.rs`;
+//! One of the crate's nine modules with `unsafe` code (with `int_reader.rs`,
+//! `array_reader.rs`, `recycled_ids.rs`, `block_view.rs`, `zmq_sink.rs`, `pool/stream_copy.rs`,
+//! `pool/meta_store.rs` and `pool/hashing/sha_ni.rs`;
 //! `[lints.rust] unsafe_code = "deny"` everywhere else). It depends on CPython's object
 //! layout, so it is compiled only where `int_reader.rs` is (the `fast_ints` cfg of
 //! `build.rs`: a version-specific 64-bit CPython build with the GIL): there a `bytes`

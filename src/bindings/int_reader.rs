@@ -7,9 +7,9 @@
 //! pointer from the list's item array, one comparison with `PyLong_Type`, and the
 //! value from the object's digits, about 1.1 ns per token.
 //!
-//! One of the crate's eight modules with `unsafe` code (with `array_reader.rs`,
-//! `bytes_reader.rs`, `recycled_ids.rs`, `block_view.rs`, `zmq_sink.rs`, `pool/stream_copy.rs`
-//! and `pool/meta_store.rs`; `[lints.rust]
+//! One of the crate's nine modules with `unsafe` code (with `array_reader.rs`,
+//! `bytes_reader.rs`, `recycled_ids.rs`, `block_view.rs`, `zmq_sink.rs`, `pool/stream_copy.rs`,
+//! `pool/meta_store.rs` and `pool/hashing/sha_ni.rs`; `[lints.rust]
 //! unsafe_code = "deny"` everywhere else). It depends on CPython's object layout, so
 //! it is compiled only where that layout is fixed and known:
 //!

@@ -14,7 +14,9 @@
 //! are one long dependency chain the processor mostly waits on; so the next block's
 //! tokens are read and encoded in pieces between the current block's compressions,
 //! where they run in that wait. Measured on its own, the encoding then costs almost
-//! nothing beyond the compressions (`docs/benchmarks.md`).
+//! nothing beyond the compressions (`docs/benchmarks.md`). The compressions are a
+//! [`Compressor`]: `sha2`'s, or on x86-64 processors with the SHA extensions
+//! [`super::sha_ni`], which keeps the chain's digest in registers.
 
 use std::ops::Range;
 
@@ -53,7 +55,11 @@ pub trait TokenSource {
     fn for_each(&mut self, start: usize, n: usize, mut f: impl FnMut(i64)) -> bool {
         match self.tokens(start, n) {
             Some(tokens) => {
-                tokens.iter().for_each(|&t| f(t));
+                // A loop, not `Iterator::for_each`, which need not inline into the
+                // SHA extensions' chain.
+                for &t in tokens {
+                    f(t);
+                }
                 true
             }
             None => false,
@@ -130,7 +136,15 @@ pub(super) fn hash_chain<S: TokenSource + ?Sized>(
     let Some(layout) = Layout::new(algo.encoding(), width) else {
         return 0;
     };
-    let sha = matches!(algo, HashAlgo::Sha256 | HashAlgo::Sha256Cbor);
+    if matches!(algo, HashAlgo::Sha256 | HashAlgo::Sha256Cbor) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(sha_ni) = super::sha_ni::ShaNi::detect() {
+            return sha_ni.hash_chain(layout, parent, source, block_size, blocks, bufs, out);
+        }
+        return sha_chain(
+            Portable, layout, parent, source, block_size, blocks, bufs, out,
+        );
+    }
     let [even, odd] = bufs;
     let Some(mut len) = layout.encode(even, source, blocks.start * block_size, block_size) else {
         return 0;
@@ -146,51 +160,188 @@ pub(super) fn hash_chain<S: TokenSource + ?Sized>(
         };
         let offset = layout.parent_offset;
         copy_digest(&mut cur[offset..offset + width], &parent);
-        let next_start = (block + 1 < blocks.end).then_some((block + 1) * block_size);
-        let next_len;
-        if sha {
-            // The next block's items are written in one piece per compression of
-            // this block's message, each right after its compression starts.
-            let padded = pad_sha256(cur, len);
-            let mut state = SHA256_INIT;
-            let mut pos = next_start.and_then(|_| layout.begin(next, block_size));
-            let mut piece = |k: usize, pieces: usize, state: &mut [u32; 8]| {
-                let chunk = &cur[k * 64..(k + 1) * 64];
-                sha2::compress256(state, std::slice::from_ref(GenericArray::from_slice(chunk)));
-                if let (Some(p), Some(start)) = (pos, next_start) {
-                    let (lo, hi) = (k * block_size / pieces, (k + 1) * block_size / pieces);
-                    pos = layout.items(next, p, source, start + lo, hi - lo);
-                }
-            };
-            // Two and three pieces (16 tokens pickle to 85-133 bytes) written out with
-            // constant bounds: 1-9% faster a 1,200-token request than one loop over the
-            // pieces (`benches/ab_builds.py`, two runs; docs/benchmarks.md).
-            match padded / 64 {
-                2 => {
-                    piece(0, 2, &mut state);
-                    piece(1, 2, &mut state);
-                }
-                3 => {
-                    piece(0, 3, &mut state);
-                    piece(1, 3, &mut state);
-                    piece(2, 3, &mut state);
-                }
-                pieces => (0..pieces).for_each(|k| piece(k, pieces, &mut state)),
-            }
-            parent = sha256_digest(&state);
-            next_len = pos.map(|p| layout.finish(next, p));
-        } else {
-            parent = algo.digest_bytes(&cur[..len]);
-            next_len = next_start.and_then(|start| layout.encode(next, source, start, block_size));
-        }
+        parent = algo.digest_bytes(&cur[..len]);
         copy_digest_onto(out, &parent);
         hashed += 1;
-        match next_len {
+        let next_start = (block + 1 < blocks.end).then_some((block + 1) * block_size);
+        match next_start.and_then(|start| layout.encode(next, source, start, block_size)) {
             Some(l) => len = l,
             None => break,
         }
     }
     hashed
+}
+
+/// SHA-256's compression function as [`sha_chain`] drives it: a message's first
+/// 64-byte piece with its parent's digest spliced in, then the other pieces, then
+/// the digest. Two implementations: [`Portable`] (`sha2`), and on x86-64 processors
+/// with the SHA extensions `sha_ni::ShaNi`, which keeps the digest in registers
+/// from one message to the next.
+pub(super) trait Compressor: Copy {
+    /// A digest in the form the next message takes it.
+    type Parent: Copy;
+    /// A message's running state.
+    type State;
+
+    /// The chain's first parent, from its 32 bytes.
+    fn parent(&self, bytes: &[u8]) -> Self::Parent;
+
+    /// Starts a message: compresses its first 64 bytes, `piece`, whose parent's 32
+    /// bytes at `offset` are not written yet (an implementation may write them).
+    /// `head` holds the bytes before the parent as words ([`Layout::head_words`]),
+    /// also written in `piece`.
+    fn first(
+        &self,
+        piece: &mut [u8],
+        offset: usize,
+        head: [u32; 4],
+        parent: Self::Parent,
+    ) -> Self::State;
+
+    /// Compresses the message's next 64 bytes.
+    fn next(&self, state: &mut Self::State, piece: &[u8]);
+
+    /// Appends the finished message's digest to `out` and returns it as a parent.
+    fn finish(&self, state: Self::State, out: &mut Vec<u8>) -> Self::Parent;
+}
+
+/// [`Compressor`] on `sha2::compress256`, everywhere.
+#[derive(Clone, Copy)]
+pub(super) struct Portable;
+
+impl Compressor for Portable {
+    type Parent = [u8; 32];
+    type State = [u32; 8];
+
+    #[inline(always)]
+    fn parent(&self, bytes: &[u8]) -> [u8; 32] {
+        let mut parent = [0u8; 32];
+        parent.copy_from_slice(&bytes[..32]);
+        parent
+    }
+
+    #[inline(always)]
+    fn first(&self, piece: &mut [u8], offset: usize, _: [u32; 4], parent: [u8; 32]) -> [u32; 8] {
+        piece[offset..offset + 32].copy_from_slice(&parent);
+        let mut state = SHA256_INIT;
+        self.next(&mut state, piece);
+        state
+    }
+
+    #[inline(always)]
+    fn next(&self, state: &mut [u32; 8], piece: &[u8]) {
+        let block = GenericArray::from_slice(&piece[..64]);
+        sha2::compress256(state, std::slice::from_ref(block));
+    }
+
+    #[inline(always)]
+    fn finish(&self, state: [u32; 8], out: &mut Vec<u8>) -> [u8; 32] {
+        let mut digest = [0u8; 32];
+        for (bytes, word) in digest.chunks_exact_mut(4).zip(state) {
+            bytes.copy_from_slice(&word.to_be_bytes());
+        }
+        out.extend_from_slice(&digest);
+        digest
+    }
+}
+
+/// [`hash_chain`] for the two SHA-256 algorithms (a 32-byte parent), on compressor
+/// `c`.
+///
+/// SHA-256's rounds are one long dependency chain the processor mostly waits on, so
+/// the next block's items are written in one share per 64-byte piece of this
+/// block's message, each right after that piece's compression is issued, where
+/// they run in that wait.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn sha_chain<C: Compressor, S: TokenSource + ?Sized>(
+    c: C,
+    layout: Layout,
+    parent: &[u8],
+    source: &mut S,
+    block_size: usize,
+    blocks: Range<usize>,
+    bufs: &mut [Vec<u8>; 2],
+    out: &mut Vec<u8>,
+) -> usize {
+    let [even, odd] = bufs;
+    let Some(mut len) = layout.encode(even, source, blocks.start * block_size, block_size) else {
+        return 0;
+    };
+    out.reserve(blocks.len() * 32);
+    let mut parent = c.parent(parent);
+    let mut hashed = 0;
+    for block in blocks.clone() {
+        let (cur, next) = if hashed % 2 == 0 {
+            (&mut *even, &mut *odd)
+        } else {
+            (&mut *odd, &mut *even)
+        };
+        let next_start = (block + 1 < blocks.end).then_some((block + 1) * block_size);
+        let padded = pad_sha256(cur, len);
+        let mut pos = next_start.and_then(|_| layout.begin(next, block_size));
+        // The next block's items in share `k` of `pieces` (a function, not a
+        // closure, so that it inlines into the SHA extensions' loop).
+        let mut share = |k: usize, pieces: usize| {
+            items_share(
+                layout, next, &mut pos, source, next_start, block_size, k, pieces,
+            )
+        };
+        let head = layout.head_words(len);
+        let mut state = c.first(&mut cur[..64], layout.parent_offset, head, parent);
+        // Two and three pieces (16 tokens pickle to 85-133 bytes) written out with
+        // constant bounds: 1-9% faster a 1,200-token request than one loop over the
+        // pieces (`benches/ab_builds.py`, two runs; docs/benchmarks.md).
+        match padded / 64 {
+            2 => {
+                share(0, 2);
+                c.next(&mut state, &cur[64..128]);
+                share(1, 2);
+            }
+            3 => {
+                share(0, 3);
+                c.next(&mut state, &cur[64..128]);
+                share(1, 3);
+                c.next(&mut state, &cur[128..192]);
+                share(2, 3);
+            }
+            pieces => {
+                share(0, pieces);
+                for k in 1..pieces {
+                    c.next(&mut state, &cur[k * 64..(k + 1) * 64]);
+                    share(k, pieces);
+                }
+            }
+        }
+        parent = c.finish(state, out);
+        hashed += 1;
+        match pos.map(|p| layout.finish(next, p)) {
+            Some(l) => len = l,
+            None => break,
+        }
+    }
+    hashed
+}
+
+/// Writes share `k` of `pieces` of the items of the block of `block_size` tokens
+/// from `start` into `buf` at `pos`, as [`Layout::items`] (nothing once `pos` or
+/// `start` is `None`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn items_share<S: TokenSource + ?Sized>(
+    layout: Layout,
+    buf: &mut [u8],
+    pos: &mut Option<usize>,
+    source: &mut S,
+    start: Option<usize>,
+    block_size: usize,
+    k: usize,
+    pieces: usize,
+) {
+    if let (Some(p), Some(start)) = (*pos, start) {
+        let (lo, hi) = (k * block_size / pieces, (k + 1) * block_size / pieces);
+        *pos = layout.items(buf, p, source, start + lo, hi - lo);
+    }
 }
 
 /// `dst = src` for a digest, with the two widths as fixed-size copies (no call).
@@ -218,7 +369,7 @@ fn copy_digest_onto(out: &mut Vec<u8>, d: &[u8]) {
 /// [`Self::finish`]) so that the items can be written in pieces. Everything but the
 /// parent's bytes, which go at `parent_offset`.
 #[derive(Clone, Copy)]
-struct Layout {
+pub(super) struct Layout {
     encoding: Encoding,
     width: usize,
     parent_offset: usize,
@@ -260,7 +411,7 @@ impl Layout {
     /// Grows `buf` for `n` items (and SHA-256 padding) and writes what comes before
     /// the items; returns where they start. `None` when `n` items are not plain:
     /// fewer than 4 (pickle's short tuple opcodes) or too many for one pickle frame.
-    #[inline]
+    #[inline(always)]
     fn begin(self, buf: &mut Vec<u8>, n: usize) -> Option<usize> {
         let w = self.width;
         match self.encoding {
@@ -269,9 +420,8 @@ impl Layout {
                     return None;
                 }
                 prepare(buf, 15 + w + 5 * n + 6 + SLACK + SHA_PAD);
-                buf[..2].copy_from_slice(&[0x80, 5]); // PROTO 5
-                buf[11] = b'C'; // SHORT_BINBYTES
-                buf[12] = w as u8;
+                // What comes before the parent is written by `finish`, once the
+                // frame's length is known.
                 buf[13 + w..15 + w].copy_from_slice(&[0x94, b'(']); // MEMOIZE, MARK
                 Some(15 + w)
             }
@@ -280,8 +430,7 @@ impl Layout {
                     buf,
                     self.parent_offset + w + 9 + 5 * n + 1 + SLACK + SHA_PAD,
                 );
-                buf[0] = 0x83; // array of 3
-                write_head(&mut buf[1..], 0x40, w as u64); // byte string
+                write_words(buf, self.head_words(0));
                 let items = self.parent_offset + w;
                 Some(items + write_head(&mut buf[items..], 0x80, n as u64))
             }
@@ -292,7 +441,7 @@ impl Layout {
     /// [`Self::begin`] made); returns where the next item goes, or `None` when the
     /// source cannot give them or a token is out of the plain range (pickle: `i32`;
     /// CBOR: `-2^32..2^32`).
-    #[inline]
+    #[inline(always)]
     fn items<S: TokenSource + ?Sized>(
         self,
         buf: &mut [u8],
@@ -309,6 +458,34 @@ impl Layout {
         Some(pos + written)
     }
 
+    /// What comes before the parent in a message of `len` bytes, as the big-endian
+    /// words of its first 16 bytes with every later byte zero: for pickle `PROTO 5,
+    /// FRAME len - 11, SHORT_BINBYTES width` (13 bytes), for CBOR an array of 3 and
+    /// the byte string's head (2 or 3 bytes; `len` unused). [`Self::begin`] (CBOR)
+    /// and [`Self::finish`] (pickle) write these bytes from here; a [`Compressor`]
+    /// may take the words as they are instead of reading them back.
+    #[inline(always)]
+    fn head_words(self, len: usize) -> [u32; 4] {
+        let w = self.width as u32; // below 256 (`Layout::new`)
+        match self.encoding {
+            Encoding::Pickle => {
+                // The frame counts the bytes after its 9-byte opcode (11 in all with
+                // PROTO's two), as 8 little-endian bytes from the fourth byte on.
+                let frame = len.saturating_sub(11) as u64;
+                [
+                    0x8005_9500 | (frame as u32 & 0xFF), // PROTO 5, FRAME
+                    ((frame >> 8) as u32).swap_bytes(),
+                    ((frame >> 40) as u32).swap_bytes() | u32::from(b'C'), // SHORT_BINBYTES
+                    w << 24,
+                ]
+            }
+            // An array of 3, then a byte string of `w` bytes (its length in the head
+            // below 24, else in one more byte).
+            Encoding::Cbor if w < 24 => [0x8340_0000 | (w << 16), 0, 0, 0],
+            Encoding::Cbor => [0x8358_0000 | (w << 8), 0, 0, 0],
+        }
+    }
+
     /// Writes what follows the items at `pos`; returns the encoding's length.
     #[inline]
     fn finish(self, buf: &mut [u8], pos: usize) -> usize {
@@ -317,8 +494,7 @@ impl Layout {
                 // TUPLE, MEMOIZE, NONE, TUPLE3, MEMOIZE, STOP
                 buf[pos..pos + 6].copy_from_slice(&[b't', 0x94, b'N', 0x87, 0x94, b'.']);
                 let len = pos + 6;
-                buf[2] = 0x95; // FRAME, with the length of everything after its header
-                buf[3..11].copy_from_slice(&((len - 11) as u64).to_le_bytes());
+                write_words(buf, self.head_words(len));
                 len
             }
             Encoding::Cbor => {
@@ -430,6 +606,17 @@ fn write_head(out: &mut [u8], major: u8, arg: u64) -> usize {
     }
 }
 
+/// Writes big-endian `words` over the first 16 bytes of `buf` (one fixed-size
+/// write; zeros where a parent goes, written after).
+#[inline(always)]
+fn write_words(buf: &mut [u8], words: [u32; 4]) {
+    let mut bytes = [0u8; 16];
+    for (out, word) in bytes.chunks_exact_mut(4).zip(words) {
+        out.copy_from_slice(&word.to_be_bytes());
+    }
+    buf[..16].copy_from_slice(&bytes);
+}
+
 /// `buf` at least `len` bytes long (grown with zeros, never shrunk, so a reused
 /// buffer is written in place).
 fn prepare(buf: &mut Vec<u8>, len: usize) {
@@ -438,19 +625,23 @@ fn prepare(buf: &mut Vec<u8>, len: usize) {
     }
 }
 
-/// Pads the message `buf[..len]` for SHA-256 in place (the encoders leave room);
-/// returns the padded length, a multiple of 64.
-#[inline]
+/// Pads the message `buf[..len]` for SHA-256 in place (the encoders leave room:
+/// [`SHA_PAD`] bytes); returns the padded length, a multiple of 64.
+#[inline(always)]
 fn pad_sha256(buf: &mut [u8], len: usize) -> usize {
     let padded = (len + 9).div_ceil(64) * 64;
-    buf[len] = 0x80;
-    buf[len + 1..padded - 8].fill(0);
+    // `0x80` and the zeros after it as one write of a fixed 64 bytes (a `fill` of
+    // the exact length is a call to `memset`); the bit length, at most 72 bytes
+    // past `len`, goes over or after them.
+    let mut tail = [0u8; 64];
+    tail[0] = 0x80;
+    buf[len..len + 64].copy_from_slice(&tail);
     buf[padded - 8..padded].copy_from_slice(&((len as u64) * 8).to_be_bytes());
     padded
 }
 
 /// The digest of a finished SHA-256 state.
-#[inline]
+#[cfg(test)]
 fn sha256_digest(state: &[u32; 8]) -> Digest {
     let mut bytes = [0u8; 32];
     for (out, word) in bytes.chunks_exact_mut(4).zip(state) {
@@ -474,7 +665,7 @@ fn sha256_in_place(buf: &mut [u8], len: usize) -> Digest {
 }
 
 /// SHA-256's initial hash value (FIPS 180-4, 5.3.3).
-const SHA256_INIT: [u32; 8] = [
+pub(super) const SHA256_INIT: [u32; 8] = [
     0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
 ];
 
@@ -640,6 +831,75 @@ mod tests {
             let width = algo.digest_len();
             for (i, digest) in out.chunks_exact(width).enumerate() {
                 prop_assert_eq!(digest, expected[i].as_bytes());
+            }
+            // Each SHA-256 compressor on its own (`hash_chain` takes one of them):
+            // the same digests, stopping at the same block.
+            if algo.digest_len() == 32 && first < full {
+                let layout = Layout::new(algo.encoding(), 32).unwrap();
+                for (name, chain) in sha_backends() {
+                    let mut source = Failing { tokens: &tokens, fail_at };
+                    let mut again = Vec::new();
+                    let n = chain(layout, &root, &mut source, block_size, first..full, &mut bufs, &mut again);
+                    prop_assert_eq!((name, n), (name, hashed));
+                    prop_assert_eq!(&again, &out, "{}", name);
+                }
+            }
+        }
+    }
+
+    /// `sha_chain` on a `Failing` source, as a plain function.
+    type ShaChain = fn(
+        Layout,
+        &[u8],
+        &mut Failing<'_>,
+        usize,
+        Range<usize>,
+        &mut [Vec<u8>; 2],
+        &mut Vec<u8>,
+    ) -> usize;
+
+    /// The SHA-256 compressors this machine can run, by name.
+    fn sha_backends() -> Vec<(&'static str, ShaChain)> {
+        let mut backends: Vec<(&'static str, ShaChain)> = vec![(
+            "portable",
+            |layout, parent, source, bs, blocks, bufs, out| {
+                sha_chain(Portable, layout, parent, source, bs, blocks, bufs, out)
+            },
+        )];
+        #[cfg(target_arch = "x86_64")]
+        if super::super::sha_ni::ShaNi::detect().is_some() {
+            backends.push(("sha_ni", |layout, parent, source, bs, blocks, bufs, out| {
+                let sha_ni = super::super::sha_ni::ShaNi::detect().unwrap();
+                sha_ni.hash_chain(layout, parent, source, bs, blocks, bufs, out)
+            }));
+        }
+        backends
+    }
+
+    #[test]
+    fn head_words_are_the_bytes_before_the_parent() {
+        for (encoding, width) in [
+            (Encoding::Pickle, 32),
+            (Encoding::Pickle, 16),
+            (Encoding::Cbor, 32),
+            (Encoding::Cbor, 16),
+        ] {
+            let layout = Layout::new(encoding, width).unwrap();
+            let tokens: Vec<i64> = (0..700).map(|t| t * 997).collect();
+            for n in [4, 16, 300, 700] {
+                let mut buf = Vec::new();
+                let len = layout.encode(&mut buf, &mut &tokens[..], 0, n).unwrap();
+                let words = layout.head_words(len);
+                let mut bytes = [0u8; 16];
+                for (out, word) in bytes.chunks_exact_mut(4).zip(words) {
+                    out.copy_from_slice(&word.to_be_bytes());
+                }
+                let before = layout.parent_offset;
+                assert_eq!(&bytes[..before], &buf[..before], "{encoding:?} {width} {n}");
+                assert!(
+                    bytes[before..].iter().all(|&b| b == 0),
+                    "{encoding:?} {width} {n}"
+                );
             }
         }
     }
