@@ -98,17 +98,6 @@ unsafe fn chain<S: TokenSource + ?Sized>(
     sha_chain(ni, layout, parent, source, block_size, blocks, bufs, out)
 }
 
-/// 16 message bytes as four big-endian words.
-#[inline(always)]
-fn load_words(bytes: &[u8; 16]) -> __m128i {
-    // SAFETY: a 16-byte unaligned load of a 16-byte array; SSE2 and SSSE3 (the
-    // shuffle) are present wherever a `ShaNi` exists, the only caller's caller.
-    unsafe {
-        let swap = _mm_set_epi64x(0x0C0D_0E0F_0809_0A0B, 0x0405_0607_0001_0203);
-        _mm_shuffle_epi8(_mm_loadu_si128(bytes.as_ptr().cast()), swap)
-    }
-}
-
 /// The 16 bytes at `at` in `bytes` (checked).
 #[inline(always)]
 fn sixteen(bytes: &[u8], at: usize) -> &[u8; 16] {
@@ -118,73 +107,99 @@ fn sixteen(bytes: &[u8], at: usize) -> &[u8; 16] {
 /// Four words from a `u32` array of 4.
 #[inline(always)]
 fn load_u32x4(words: &[u32; 4]) -> __m128i {
-    // SAFETY: a 16-byte unaligned load of a 16-byte array (SSE2).
+    // SAFETY: a 16-byte unaligned load of a 16-byte array; SSE2 is part of x86-64.
     unsafe { _mm_loadu_si128(words.as_ptr().cast()) }
 }
 
-/// Four rounds on `w` (the message words `4 i..4 i + 4`).
-#[inline(always)]
-fn rounds4(abef: &mut __m128i, cdgh: &mut __m128i, w: __m128i, i: usize) {
-    // SAFETY: the SHA extensions are present (see `ShaNi`); `K` has 64 words and
-    // `i < 16`.
-    unsafe {
+/// The steps that need the extensions, methods of the proof that they are present.
+impl ShaNi {
+    /// 16 message bytes as four big-endian words.
+    #[inline(always)]
+    fn load_words(self, bytes: &[u8; 16]) -> __m128i {
+        // SAFETY: a 16-byte unaligned load of a 16-byte array; SSSE3 (the shuffle)
+        // is present (`self`).
+        unsafe {
+            let swap = _mm_set_epi64x(0x0C0D_0E0F_0809_0A0B, 0x0405_0607_0001_0203);
+            _mm_shuffle_epi8(_mm_loadu_si128(bytes.as_ptr().cast()), swap)
+        }
+    }
+
+    /// Four rounds on `w` (the message words `4 i..4 i + 4`), `i < 16`.
+    #[inline(always)]
+    fn rounds4(self, abef: &mut __m128i, cdgh: &mut __m128i, w: __m128i, i: usize) {
         let k: &[u32; 4] = K[4 * i..4 * i + 4].try_into().expect("4 words");
-        let t1 = _mm_add_epi32(w, load_u32x4(k));
-        *cdgh = _mm_sha256rnds2_epu32(*cdgh, *abef, t1);
-        let t2 = _mm_shuffle_epi32::<0x0E>(t1);
-        *abef = _mm_sha256rnds2_epu32(*abef, *cdgh, t2);
+        // SAFETY: the SHA extensions are present (`self`).
+        unsafe {
+            let t1 = _mm_add_epi32(w, load_u32x4(k));
+            *cdgh = _mm_sha256rnds2_epu32(*cdgh, *abef, t1);
+            let t2 = _mm_shuffle_epi32::<0x0E>(t1);
+            *abef = _mm_sha256rnds2_epu32(*abef, *cdgh, t2);
+        }
     }
-}
 
-/// The next four schedule words from the last sixteen (`w0` oldest).
-#[inline(always)]
-fn schedule(w0: __m128i, w1: __m128i, w2: __m128i, w3: __m128i) -> __m128i {
-    // SAFETY: the SHA extensions and SSSE3 are present (see `ShaNi`).
-    unsafe {
-        let t1 = _mm_sha256msg1_epu32(w0, w1);
-        let t2 = _mm_alignr_epi8::<4>(w3, w2);
-        _mm_sha256msg2_epu32(_mm_add_epi32(t1, t2), w3)
+    /// The next four schedule words from the last sixteen (`w0` oldest).
+    #[inline(always)]
+    fn schedule(self, w0: __m128i, w1: __m128i, w2: __m128i, w3: __m128i) -> __m128i {
+        // SAFETY: the SHA extensions and SSSE3 are present (`self`).
+        unsafe {
+            let t1 = _mm_sha256msg1_epu32(w0, w1);
+            let t2 = _mm_alignr_epi8::<4>(w3, w2);
+            _mm_sha256msg2_epu32(_mm_add_epi32(t1, t2), w3)
+        }
     }
-}
 
-/// One compression of the message words `w` (four vectors of four) into `state`.
-#[inline(always)]
-fn compress(state: &mut State, w: [__m128i; 4]) {
-    let State(mut abef, mut cdgh) = *state;
-    let [mut w0, mut w1, mut w2, mut w3] = w;
-    rounds4(&mut abef, &mut cdgh, w0, 0);
-    rounds4(&mut abef, &mut cdgh, w1, 1);
-    rounds4(&mut abef, &mut cdgh, w2, 2);
-    rounds4(&mut abef, &mut cdgh, w3, 3);
-    for i in (4..16).step_by(4) {
-        w0 = schedule(w0, w1, w2, w3);
-        rounds4(&mut abef, &mut cdgh, w0, i);
-        w1 = schedule(w1, w2, w3, w0);
-        rounds4(&mut abef, &mut cdgh, w1, i + 1);
-        w2 = schedule(w2, w3, w0, w1);
-        rounds4(&mut abef, &mut cdgh, w2, i + 2);
-        w3 = schedule(w3, w0, w1, w2);
-        rounds4(&mut abef, &mut cdgh, w3, i + 3);
+    /// One compression of the message words `w` (four vectors of four) into `state`.
+    #[inline(always)]
+    fn compress(self, state: &mut State, w: [__m128i; 4]) {
+        let State(mut abef, mut cdgh) = *state;
+        let [mut w0, mut w1, mut w2, mut w3] = w;
+        self.rounds4(&mut abef, &mut cdgh, w0, 0);
+        self.rounds4(&mut abef, &mut cdgh, w1, 1);
+        self.rounds4(&mut abef, &mut cdgh, w2, 2);
+        self.rounds4(&mut abef, &mut cdgh, w3, 3);
+        for i in (4..16).step_by(4) {
+            w0 = self.schedule(w0, w1, w2, w3);
+            self.rounds4(&mut abef, &mut cdgh, w0, i);
+            w1 = self.schedule(w1, w2, w3, w0);
+            self.rounds4(&mut abef, &mut cdgh, w1, i + 1);
+            w2 = self.schedule(w2, w3, w0, w1);
+            self.rounds4(&mut abef, &mut cdgh, w2, i + 2);
+            w3 = self.schedule(w3, w0, w1, w2);
+            self.rounds4(&mut abef, &mut cdgh, w3, i + 3);
+        }
+        // SAFETY: SSE2 is part of x86-64.
+        unsafe {
+            *state = State(_mm_add_epi32(abef, state.0), _mm_add_epi32(cdgh, state.1));
+        }
     }
-    // SAFETY: SSE2.
-    unsafe {
-        *state = State(_mm_add_epi32(abef, state.0), _mm_add_epi32(cdgh, state.1));
-    }
-}
 
-/// SHA-256's initial state in `ABEF`, `CDGH` order.
-#[inline(always)]
-fn initial_state() -> State {
-    let lo: &[u32; 4] = SHA256_INIT[..4].try_into().expect("4 words");
-    let hi: &[u32; 4] = SHA256_INIT[4..].try_into().expect("4 words");
-    // SAFETY: SSE2, SSSE3 (`alignr`) and SSE4.1 (`blend`) are present (see `ShaNi`).
-    unsafe {
-        let cdab = _mm_shuffle_epi32::<0xB1>(load_u32x4(lo));
-        let efgh = _mm_shuffle_epi32::<0x1B>(load_u32x4(hi));
-        State(
-            _mm_alignr_epi8::<8>(cdab, efgh),
-            _mm_blend_epi16::<0xF0>(efgh, cdab),
-        )
+    /// SHA-256's initial state in `ABEF`, `CDGH` order.
+    #[inline(always)]
+    fn initial_state(self) -> State {
+        let lo: &[u32; 4] = SHA256_INIT[..4].try_into().expect("4 words");
+        let hi: &[u32; 4] = SHA256_INIT[4..].try_into().expect("4 words");
+        // SAFETY: SSSE3 (`alignr`) and SSE4.1 (`blend`) are present (`self`).
+        unsafe {
+            let cdab = _mm_shuffle_epi32::<0xB1>(load_u32x4(lo));
+            let efgh = _mm_shuffle_epi32::<0x1B>(load_u32x4(hi));
+            State(
+                _mm_alignr_epi8::<8>(cdab, efgh),
+                _mm_blend_epi16::<0xF0>(efgh, cdab),
+            )
+        }
+    }
+
+    /// The digest's 32 bytes.
+    #[inline(always)]
+    fn store(&self, words: Words, digest: &mut [u8; 32]) {
+        // SAFETY: two 16-byte unaligned stores into a 32-byte array (SSE2); the
+        // byte swap needs SSSE3, present (`self`).
+        unsafe {
+            let swap = _mm_set_epi64x(0x0C0D_0E0F_0809_0A0B, 0x0405_0607_0001_0203);
+            let (lo, hi) = digest.split_at_mut(16);
+            _mm_storeu_si128(lo.as_mut_ptr().cast(), _mm_shuffle_epi8(words.0, swap));
+            _mm_storeu_si128(hi.as_mut_ptr().cast(), _mm_shuffle_epi8(words.1, swap));
+        }
     }
 }
 
@@ -195,8 +210,8 @@ impl Compressor for ShaNi {
     #[inline(always)]
     fn parent(&self, bytes: &[u8]) -> Words {
         Words(
-            load_words(sixteen(bytes, 0)),
-            load_words(sixteen(bytes, 16)),
+            self.load_words(sixteen(bytes, 0)),
+            self.load_words(sixteen(bytes, 16)),
         )
     }
 
@@ -206,13 +221,13 @@ impl Compressor for ShaNi {
     #[inline(always)]
     fn first(&self, piece: &mut [u8], offset: usize, head: [u32; 4], parent: Words) -> State {
         let Words(a, b) = parent; // [H0..H3], [H4..H7]
-        let loaded = |at: usize| load_words(sixteen(piece, at));
-        // SAFETY: SSE2 and SSSE3 (`alignr`) are present (see `ShaNi`).
+        let loaded = |at: usize| self.load_words(sixteen(piece, at));
+        // SAFETY: SSSE3 (`alignr`) is present (`self`); the rest is SSE2.
         let w = unsafe {
             // The head from registers, not read back from the bytes `piece` has just
             // had written (a 16-byte load over smaller stores waits for the cache).
-            let [h0, h1, h2, h3] = head.map(|word| word as i32);
-            let head_vector = _mm_set_epi32(h3, h2, h1, h0);
+            let [h0, h1, h2, h3] = head;
+            let head_vector = _mm_set_epi32(h3 as i32, h2 as i32, h1 as i32, h0 as i32);
             match offset {
                 13 => {
                     // W3 = 0x20 | H0 >> 8; W4..W10 = H(k) << 24 | H(k+1) >> 8;
@@ -256,26 +271,26 @@ impl Compressor for ShaNi {
                     let mut digest = [0u8; 32];
                     self.store(parent, &mut digest);
                     piece[offset..offset + 32].copy_from_slice(&digest);
-                    let word = |at: usize| load_words(sixteen(piece, at));
+                    let word = |at: usize| self.load_words(sixteen(piece, at));
                     [word(0), word(16), word(32), word(48)]
                 }
             }
         };
-        let mut state = initial_state();
-        compress(&mut state, w);
+        let mut state = self.initial_state();
+        self.compress(&mut state, w);
         state
     }
 
     #[inline(always)]
     fn next(&self, state: &mut State, piece: &[u8]) {
-        let word = |at: usize| load_words(sixteen(piece, at));
-        compress(state, [word(0), word(16), word(32), word(48)]);
+        let word = |at: usize| self.load_words(sixteen(piece, at));
+        self.compress(state, [word(0), word(16), word(32), word(48)]);
     }
 
     #[inline(always)]
     fn finish(&self, state: State, out: &mut Vec<u8>) -> Words {
         let State(abef, cdgh) = state;
-        // SAFETY: SSE2, SSSE3 (`alignr`) and SSE4.1 (`blend`) are present.
+        // SAFETY: SSSE3 (`alignr`) and SSE4.1 (`blend`) are present (`self`).
         let words = unsafe {
             let feba = _mm_shuffle_epi32::<0x1B>(abef);
             let dchg = _mm_shuffle_epi32::<0xB1>(cdgh);
@@ -288,21 +303,6 @@ impl Compressor for ShaNi {
         self.store(words, &mut digest);
         out.extend_from_slice(&digest);
         words
-    }
-}
-
-impl ShaNi {
-    /// The digest's 32 bytes.
-    #[inline(always)]
-    fn store(&self, words: Words, digest: &mut [u8; 32]) {
-        // SAFETY: two 16-byte unaligned stores into a 32-byte array (SSE2); the
-        // byte swap needs SSSE3 (see `ShaNi`).
-        unsafe {
-            let swap = _mm_set_epi64x(0x0C0D_0E0F_0809_0A0B, 0x0405_0607_0001_0203);
-            let (lo, hi) = digest.split_at_mut(16);
-            _mm_storeu_si128(lo.as_mut_ptr().cast(), _mm_shuffle_epi8(words.0, swap));
-            _mm_storeu_si128(hi.as_mut_ptr().cast(), _mm_shuffle_epi8(words.1, swap));
-        }
     }
 }
 
