@@ -502,6 +502,11 @@ impl BlockPool {
             // first, so that a refused one changes nothing.
             self.check_promotions(new_blocks, &call, block_size)?;
         }
+        // The adaptive policy's ghost lookups, each key's fingerprint taken while the
+        // key is at hand; the policy is told once every block is in.
+        let adaptive = self.config.eviction == EvictionPolicy::Adaptive;
+        let mut cached = std::mem::take(&mut self.ghost_scratch);
+        cached.clear();
         for (i, &id) in new_blocks.iter().enumerate() {
             if self.is_null(id) || !call.wanted(i) {
                 continue;
@@ -520,6 +525,7 @@ impl BlockPool {
             };
             if let Some(reason) = problem {
                 self.uncache(&new_blocks[..i], &call);
+                self.ghost_scratch = cached;
                 return Err(PoolError::BlockState {
                     block_id: id,
                     reason,
@@ -530,9 +536,11 @@ impl BlockPool {
             // a sequence past u32::MAX tokens reads u32::MAX.
             let tokens = (num_cached_blocks + i + 1).saturating_mul(block_size);
             let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
-            let slot = self
-                .map
-                .insert(BlockHashKey::new(hash, call.group), id, tokens);
+            let key = BlockHashKey::new(hash, call.group);
+            if adaptive {
+                cached.push((id, Self::fingerprint(&key)));
+            }
+            let slot = self.map.insert(key, id, tokens);
             self.slab.get_mut(id).key_slot = slot;
         }
         // Only once every block is in: a refused call leaves the policy untouched.
@@ -546,19 +554,9 @@ impl BlockPool {
                     }
                 }
             }
-            EvictionPolicy::Adaptive => {
-                let mut cached = std::mem::take(&mut self.ghost_scratch);
-                cached.clear();
-                for (i, &id) in new_blocks.iter().enumerate() {
-                    if !self.is_null(id) && call.wanted(i) {
-                        let key = self.map.key_at(self.slab.get(id).key_slot);
-                        cached.push((id, Self::fingerprint(key)));
-                    }
-                }
-                self.queue.eviction_mut().on_cached_many(&cached);
-                self.ghost_scratch = cached;
-            }
+            EvictionPolicy::Adaptive => self.queue.eviction_mut().on_cached_many(&cached),
         }
+        self.ghost_scratch = cached;
         if self.hash_width.is_none() {
             self.hash_width = Some(block_hashes.width());
         }
