@@ -376,12 +376,13 @@ pub(super) struct Layout {
 }
 
 impl Layout {
-    /// `None` for a parent of 24 bytes or more in CBOR or 256 or more in pickle
-    /// (neither is a digest).
+    /// `None` for a parent of 256 bytes or more, or of fewer than 3 in pickle
+    /// (none is a digest; below 3 the 16 head bytes [`Self::finish`] writes would
+    /// reach the opcodes after the parent).
     fn new(encoding: Encoding, width: usize) -> Option<Self> {
         let parent_offset = match (encoding, width) {
             // PROTO 5, FRAME n, SHORT_BINBYTES width
-            (Encoding::Pickle, 0..=255) => 13,
+            (Encoding::Pickle, 3..=255) => 13,
             // array(3), then a byte string head of one byte (< 24) or two (< 256)
             (Encoding::Cbor, 0..=23) => 2,
             (Encoding::Cbor, 24..=255) => 3,
@@ -877,12 +878,61 @@ mod tests {
     }
 
     #[test]
+    fn long_blocks_hash_as_the_general_path_on_each_compressor() {
+        // Frames of 256 bytes and more (a nonzero second length byte in the head
+        // words), up to the largest block the short path takes.
+        let tokens: Vec<i64> = (0..36_000).map(|t| (t * 7919) % 151_000 - 1_000).collect();
+        for algo in [HashAlgo::Sha256, HashAlgo::Sha256Cbor] {
+            let root = super::super::none_hash(algo, "seed");
+            for block_size in [100, 300, 1_000, 5_461, MAX_PICKLE_TOKENS] {
+                let blocks = tokens.len() / block_size;
+                let mut general = super::super::BlockHasher::new(algo);
+                let mut expected = Vec::new();
+                let mut parent = root;
+                for block in tokens.chunks_exact(block_size) {
+                    parent = general.hash_block(&parent, block, None);
+                    expected.extend_from_slice(&parent);
+                }
+                let layout = Layout::new(algo.encoding(), 32).unwrap();
+                for (name, chain) in sha_backends() {
+                    let mut source = Failing {
+                        tokens: &tokens,
+                        fail_at: usize::MAX,
+                    };
+                    let (mut bufs, mut out) = ([Vec::new(), Vec::new()], Vec::new());
+                    let n = chain(
+                        layout,
+                        &root,
+                        &mut source,
+                        block_size,
+                        0..blocks,
+                        &mut bufs,
+                        &mut out,
+                    );
+                    assert_eq!(n, blocks, "{name} {algo:?} {block_size}");
+                    assert_eq!(out, expected, "{name} {algo:?} {block_size}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn short_pickle_parents_take_the_general_path() {
+        for width in 0..3 {
+            assert!(Layout::new(Encoding::Pickle, width).is_none());
+        }
+        assert!(Layout::new(Encoding::Pickle, 3).is_some());
+    }
+
+    #[test]
     fn head_words_are_the_bytes_before_the_parent() {
         for (encoding, width) in [
             (Encoding::Pickle, 32),
             (Encoding::Pickle, 16),
+            (Encoding::Pickle, 3),
             (Encoding::Cbor, 32),
             (Encoding::Cbor, 16),
+            (Encoding::Cbor, 1),
         ] {
             let layout = Layout::new(encoding, width).unwrap();
             let tokens: Vec<i64> = (0..700).map(|t| t * 997).collect();
