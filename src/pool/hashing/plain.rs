@@ -137,20 +137,13 @@ pub(super) fn hash_chain<S: TokenSource + ?Sized>(
         return 0;
     };
     if matches!(algo, HashAlgo::Sha256 | HashAlgo::Sha256Cbor) {
-        let run = ChainRun {
-            layout,
-            parent,
-            source,
-            block_size,
-            blocks,
-            bufs,
-            out,
-        };
         #[cfg(target_arch = "x86_64")]
         if let Some(sha_ni) = super::sha_ni::ShaNi::detect() {
-            return sha_ni.hash_chain(run);
+            return sha_ni.hash_chain(layout, parent, source, block_size, blocks, bufs, out);
         }
-        return sha_chain(Portable, run);
+        return sha_chain(
+            Portable, layout, parent, source, block_size, blocks, bufs, out,
+        );
     }
     let [even, odd] = bufs;
     let Some(mut len) = layout.encode(even, source, blocks.start * block_size, block_size) else {
@@ -252,39 +245,25 @@ impl Compressor for Portable {
     }
 }
 
-/// One run of the short path for SHA-256: the blocks `blocks` of `block_size` tokens
-/// from `source`, chained from `parent` (32 bytes), their messages written into
-/// `bufs` in turn, their digests appended to `out`.
-pub(super) struct ChainRun<'a, S: ?Sized> {
-    pub(super) layout: Layout,
-    pub(super) parent: &'a [u8],
-    pub(super) source: &'a mut S,
-    pub(super) block_size: usize,
-    pub(super) blocks: Range<usize>,
-    pub(super) bufs: &'a mut [Vec<u8>; 2],
-    pub(super) out: &'a mut Vec<u8>,
-}
-
-/// [`hash_chain`] for the two SHA-256 algorithms, on compressor `c`.
+/// [`hash_chain`] for the two SHA-256 algorithms (a 32-byte parent), on compressor
+/// `c`.
 ///
 /// SHA-256's rounds are one long dependency chain the processor mostly waits on, so
 /// the next block's items are written in one share per 64-byte piece of this
 /// block's message, each right after that piece's compression is issued, where
 /// they run in that wait.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn sha_chain<C: Compressor, S: TokenSource + ?Sized>(
     c: C,
-    run: ChainRun<'_, S>,
+    layout: Layout,
+    parent: &[u8],
+    source: &mut S,
+    block_size: usize,
+    blocks: Range<usize>,
+    bufs: &mut [Vec<u8>; 2],
+    out: &mut Vec<u8>,
 ) -> usize {
-    let ChainRun {
-        layout,
-        parent,
-        source,
-        block_size,
-        blocks,
-        bufs,
-        out,
-    } = run;
     let [even, odd] = bufs;
     let Some(mut len) = layout.encode(even, source, blocks.start * block_size, block_size) else {
         return 0;
@@ -861,15 +840,7 @@ mod tests {
                 for (name, chain) in sha_backends() {
                     let mut source = Failing { tokens: &tokens, fail_at };
                     let mut again = Vec::new();
-                    let n = chain(ChainRun {
-                        layout,
-                        parent: &root,
-                        source: &mut source,
-                        block_size,
-                        blocks: first..full,
-                        bufs: &mut bufs,
-                        out: &mut again,
-                    });
+                    let n = chain(layout, &root, &mut source, block_size, first..full, &mut bufs, &mut again);
                     prop_assert_eq!((name, n), (name, hashed));
                     prop_assert_eq!(&again, &out, "{}", name);
                 }
@@ -878,18 +849,29 @@ mod tests {
     }
 
     /// `sha_chain` on a `Failing` source, as a plain function.
-    type ShaChain = fn(ChainRun<'_, Failing<'_>>) -> usize;
+    type ShaChain = fn(
+        Layout,
+        &[u8],
+        &mut Failing<'_>,
+        usize,
+        Range<usize>,
+        &mut [Vec<u8>; 2],
+        &mut Vec<u8>,
+    ) -> usize;
 
     /// The SHA-256 compressors this machine can run, by name.
     fn sha_backends() -> Vec<(&'static str, ShaChain)> {
-        let mut backends: Vec<(&'static str, ShaChain)> =
-            vec![("portable", |run| sha_chain(Portable, run))];
+        let mut backends: Vec<(&'static str, ShaChain)> = vec![(
+            "portable",
+            |layout, parent, source, bs, blocks, bufs, out| {
+                sha_chain(Portable, layout, parent, source, bs, blocks, bufs, out)
+            },
+        )];
         #[cfg(target_arch = "x86_64")]
         if super::super::sha_ni::ShaNi::detect().is_some() {
-            backends.push(("sha_ni", |run| {
-                super::super::sha_ni::ShaNi::detect()
-                    .unwrap()
-                    .hash_chain(run)
+            backends.push(("sha_ni", |layout, parent, source, bs, blocks, bufs, out| {
+                let sha_ni = super::super::sha_ni::ShaNi::detect().unwrap();
+                sha_ni.hash_chain(layout, parent, source, bs, blocks, bufs, out)
             }));
         }
         backends
@@ -918,15 +900,15 @@ mod tests {
                         fail_at: usize::MAX,
                     };
                     let (mut bufs, mut out) = ([Vec::new(), Vec::new()], Vec::new());
-                    let n = chain(ChainRun {
+                    let n = chain(
                         layout,
-                        parent: &root,
-                        source: &mut source,
+                        &root,
+                        &mut source,
                         block_size,
-                        blocks: 0..blocks,
-                        bufs: &mut bufs,
-                        out: &mut out,
-                    });
+                        0..blocks,
+                        &mut bufs,
+                        &mut out,
+                    );
                     assert_eq!(n, blocks, "{name} {algo:?} {block_size}");
                     assert_eq!(out, expected, "{name} {algo:?} {block_size}");
                 }

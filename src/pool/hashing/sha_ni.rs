@@ -26,8 +26,9 @@ use std::arch::x86_64::{
     _mm_sha256rnds2_epu32, _mm_shuffle_epi32, _mm_shuffle_epi8, _mm_slli_epi32, _mm_slli_si128,
     _mm_srli_epi32, _mm_srli_si128, _mm_storeu_si128,
 };
+use std::ops::Range;
 
-use super::plain::{sha_chain, ChainRun, Compressor, TokenSource, SHA256_INIT};
+use super::plain::{sha_chain, Compressor, Layout, TokenSource, SHA256_INIT};
 
 /// SHA-256's round constants (FIPS 180-4, 4.2.2).
 const K: [u32; 64] = [
@@ -66,15 +67,35 @@ impl ShaNi {
 
     /// [`super::plain`]'s SHA-256 chain on this compressor, compiled with the
     /// extensions enabled so that the rounds and the chain's loop inline together.
-    pub(super) fn hash_chain<S: TokenSource + ?Sized>(self, run: ChainRun<'_, S>) -> usize {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn hash_chain<S: TokenSource + ?Sized>(
+        self,
+        layout: Layout,
+        parent: &[u8],
+        source: &mut S,
+        block_size: usize,
+        blocks: Range<usize>,
+        bufs: &mut [Vec<u8>; 2],
+        out: &mut Vec<u8>,
+    ) -> usize {
         // SAFETY: `self` proves the features `chain` is compiled with are present.
-        unsafe { chain(self, run) }
+        unsafe { chain(self, layout, parent, source, block_size, blocks, bufs, out) }
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
-unsafe fn chain<S: TokenSource + ?Sized>(ni: ShaNi, run: ChainRun<'_, S>) -> usize {
-    sha_chain(ni, run)
+unsafe fn chain<S: TokenSource + ?Sized>(
+    ni: ShaNi,
+    layout: Layout,
+    parent: &[u8],
+    source: &mut S,
+    block_size: usize,
+    blocks: Range<usize>,
+    bufs: &mut [Vec<u8>; 2],
+    out: &mut Vec<u8>,
+) -> usize {
+    sha_chain(ni, layout, parent, source, block_size, blocks, bufs, out)
 }
 
 /// The 16 bytes at `at` in `bytes` (checked).
