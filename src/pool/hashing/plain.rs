@@ -280,8 +280,8 @@ pub(super) fn sha_chain<C: Compressor, S: TokenSource + ?Sized>(
         let next_start = (block + 1 < blocks.end).then_some((block + 1) * block_size);
         let padded = pad_sha256(cur, len);
         let mut pos = next_start.and_then(|_| layout.begin(next, block_size));
-        // The next block's items in share `k` of `pieces` (a function, not a
-        // closure, so that it inlines into the SHA extensions' loop).
+        // The next block's items in share `k` of `pieces` (the work in a function,
+        // which inlines into the SHA extensions' loop where a closure's body did not).
         let mut share = |k: usize, pieces: usize| {
             items_share(
                 layout, next, &mut pos, source, next_start, block_size, k, pieces,
@@ -641,28 +641,18 @@ fn pad_sha256(buf: &mut [u8], len: usize) -> usize {
     padded
 }
 
-/// The digest of a finished SHA-256 state.
-#[cfg(test)]
-fn sha256_digest(state: &[u32; 8]) -> Digest {
-    let mut bytes = [0u8; 32];
-    for (out, word) in bytes.chunks_exact_mut(4).zip(state) {
-        out.copy_from_slice(&word.to_be_bytes());
-    }
-    Digest::from_bytes(&bytes)
-}
-
-/// SHA-256 of `buf[..len]`, padding `buf` in place after the message.
+/// SHA-256 of `buf[..len]`, padding `buf` in place after the message (the
+/// portable compressor, piece by piece).
 #[cfg(test)]
 fn sha256_in_place(buf: &mut [u8], len: usize) -> Digest {
     let padded = pad_sha256(buf, len);
     let mut state = SHA256_INIT;
-    for block in buf[..padded].chunks_exact(64) {
-        sha2::compress256(
-            &mut state,
-            std::slice::from_ref(GenericArray::from_slice(block)),
-        );
+    for piece in buf[..padded].chunks_exact(64) {
+        Portable.next(&mut state, piece);
     }
-    sha256_digest(&state)
+    let mut digest = Vec::new();
+    Portable.finish(state, &mut digest);
+    Digest::from_bytes(&digest)
 }
 
 /// SHA-256's initial hash value (FIPS 180-4, 5.3.3).
