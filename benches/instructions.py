@@ -58,7 +58,10 @@ def churn(cycles: int, shape: str, eviction: str = "lru") -> None:
     per_cycle = (pool_blocks - 1) // batch
     keys = [churn_keys(shape, np.arange(i, i + batch, dtype=np.uint64))
             for i in range(0, 3 * per_cycle * batch, batch)]
-    pool = kvpool.BlockPool(pool_blocks, enable_caching=True, block_size=16, eviction=eviction)
+    # The adaptive policy with the full horizon its default fades out of at this size (the
+    # instructions do not depend on it; the counts stay comparable with earlier ones).
+    horizon = {"adaptive_horizon": 20_000} if eviction == "adaptive" else {}
+    pool = kvpool.BlockPool(pool_blocks, enable_caching=True, block_size=16, eviction=eviction, **horizon)
     for k in keys[:(1 + cycles) * per_cycle]:
         blocks = pool.get_new_blocks(batch)
         pool.cache_full_blocks(blocks, k, 0, batch)

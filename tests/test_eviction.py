@@ -405,6 +405,42 @@ def test_the_adaptive_horizon_is_how_long_a_reused_block_is_kept(pool_cls: Any) 
 
 @pytest.mark.parametrize("pool_cls", POOLS)
 @pytest.mark.parametrize("manager", [False, True])
+def test_the_default_horizon_fades_out_in_large_pools(pool_cls: Any, manager: bool) -> None:
+    """Without ``adaptive_horizon=``, pools up to 25,000 blocks get 20,000 blocks; the horizon
+    then falls linearly to 0 at 30,000 blocks (LRU's order from there on), the same in both
+    implementations; a horizon that is given is kept at every size."""
+    def build(num_blocks: int, **kwargs: Any) -> Any:
+        if manager:
+            cls = kvpool.KVCacheManager if pool_cls is kvpool.BlockPool else kvpool.reference.KVCacheManager
+            return cls(num_blocks, 16, eviction="adaptive", **kwargs)
+        return pool_cls(num_blocks, eviction="adaptive", **kwargs)
+
+    expected = {2: 20_000, 25_000: 20_000, 25_001: 19_996, 27_500: 10_000, 29_999: 4, 30_000: 0, 60_000: 0}
+    assert {n: build(n).adaptive_horizon for n in expected} == expected
+    assert {n: kvpool.reference.eviction.default_adaptive_horizon(n) for n in expected} == expected
+    assert build(60_000, adaptive_horizon=20_000).adaptive_horizon == 20_000
+    assert build(2, adaptive_horizon=0).adaptive_horizon == 0
+
+
+def test_a_pool_past_the_fade_evicts_in_lru_order() -> None:
+    """At 30,000 blocks the default horizon is 0: a prefix reused three times goes as LRU lets
+    it go, while a pool of 25,000 blocks keeps it through the same scan."""
+    kept = {}
+    for num_blocks in (25_000, 30_000):
+        pools = {p: kvpool.BlockPool(num_blocks, eviction=p) for p in ("lru", "adaptive")}
+        for pool in pools.values():
+            for _ in range(3):
+                serve(pool, [1, 2, 3, 4])
+            for i in range(num_blocks // 100):  # scans of 100 blocks used once: every block turns over
+                serve(pool, list(range(1_000_000 + 100 * i, 1_000_100 + 100 * i)))
+        kept[num_blocks] = {p: cached(pool, [1, 2, 3, 4]) for p, pool in pools.items()}
+        if num_blocks == 30_000:
+            assert pools["adaptive"].free_block_ids().tolist() == pools["lru"].free_block_ids().tolist()
+    assert kept == {25_000: {"lru": 0, "adaptive": 4}, 30_000: {"lru": 0, "adaptive": 0}}
+
+
+@pytest.mark.parametrize("pool_cls", POOLS)
+@pytest.mark.parametrize("manager", [False, True])
 def test_adaptive_horizon_arguments_are_checked(pool_cls: Any, manager: bool) -> None:
     def build(**kwargs: Any) -> Any:
         if manager:

@@ -326,9 +326,10 @@ class BlockPool:
         """Most blocks that may be pinned at once."""
     @property
     def adaptive_horizon(self) -> int:
-        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
-        20,000): how much later than it was a block two or more requests used counts as
-        freed. Unused by the other policies.
+        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``; by default
+        20,000 in pools up to 25,000 blocks, fading to 0 at 30,000): how much later than
+        it was a block two or more requests used counts as freed. Unused by the other
+        policies.
         """
     @property
     def eviction(self) -> _EvictionName:
@@ -884,9 +885,10 @@ class GroupManager:
         """Number of KV-cache groups."""
     @property
     def adaptive_horizon(self) -> int:
-        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
-        20,000): how much later than it was a block two or more requests used counts as
-        freed. Unused by the other policies.
+        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``; by default
+        20,000 in pools up to 25,000 blocks, fading to 0 at 30,000): how much later than
+        it was a block two or more requests used counts as freed. Unused by the other
+        policies.
         """
     @property
     def eviction(self) -> _EvictionName:
@@ -1439,9 +1441,10 @@ class KVCacheManager:
         """Number of pinned blocks."""
     @property
     def adaptive_horizon(self) -> int:
-        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
-        20,000): how much later than it was a block two or more requests used counts as
-        freed. Unused by the other policies.
+        """The adaptive policy's horizon in blocks freed (``adaptive_horizon=``; by default
+        20,000 in pools up to 25,000 blocks, fading to 0 at 30,000): how much later than
+        it was a block two or more requests used counts as freed. Unused by the other
+        policies.
         """
     @property
     def eviction(self) -> _EvictionName:

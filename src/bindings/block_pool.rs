@@ -562,12 +562,13 @@ impl PyBlockPool {
         self.config.eviction.name()
     }
 
-    /// The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
-    /// 20,000): how much later than it was a block two or more requests used counts as
-    /// freed. Unused by the other policies.
+    /// The adaptive policy's horizon in blocks freed (``adaptive_horizon=``; by default
+    /// 20,000 in pools up to 25,000 blocks, fading to 0 at 30,000): how much later than
+    /// it was a block two or more requests used counts as freed. Unused by the other
+    /// policies.
     #[getter]
     fn adaptive_horizon(&self) -> u64 {
-        self.config.adaptive_horizon
+        self.config.horizon()
     }
 
     /// The clock retention durations run on: ``"monotonic"`` or ``"manual"``.

@@ -18,8 +18,8 @@ pub struct PolicyArgs {
     pub max_pinned_blocks: Option<u32>,
     /// Whether the clock is manual.
     pub manual_clock: bool,
-    /// The adaptive policy's horizon.
-    pub adaptive_horizon: u64,
+    /// The adaptive policy's horizon, when given.
+    pub adaptive_horizon: Option<u64>,
 }
 
 impl PolicyArgs {
@@ -41,7 +41,7 @@ impl PolicyArgs {
             )?
             .map(|n| n as u32),
             manual_clock: clock_arg(py, clock)?,
-            adaptive_horizon: crate::pool::ADAPTIVE_HORIZON,
+            adaptive_horizon: None,
         })
     }
 
@@ -64,7 +64,7 @@ impl PolicyArgs {
                     ),
                 ));
             }
-            self.adaptive_horizon = horizon as u64;
+            self.adaptive_horizon = Some(horizon as u64);
         }
         Ok(self)
     }

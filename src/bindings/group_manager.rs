@@ -137,12 +137,13 @@ impl PyGroupManager {
         self.with_manager(py, |m| m.pool().eviction_policy().name())
     }
 
-    /// The adaptive policy's horizon in blocks freed (``adaptive_horizon=``, default
-    /// 20,000): how much later than it was a block two or more requests used counts as
-    /// freed. Unused by the other policies.
+    /// The adaptive policy's horizon in blocks freed (``adaptive_horizon=``; by default
+    /// 20,000 in pools up to 25,000 blocks, fading to 0 at 30,000): how much later than
+    /// it was a block two or more requests used counts as freed. Unused by the other
+    /// policies.
     #[getter]
     fn adaptive_horizon(&self, py: Python<'_>) -> u64 {
-        self.with_manager(py, |m| m.pool().config().adaptive_horizon)
+        self.with_manager(py, |m| m.pool().config().horizon())
     }
 
     /// Adds a request: its prompt token ids and extra keys (as ``KVCacheManager``), and

@@ -38,11 +38,12 @@ pub struct PoolConfig {
     /// Which cached free block is evicted first (`eviction.rs`).
     pub eviction: EvictionPolicy,
     /// The adaptive policy's horizon: how much later than it was a block two or more
-    /// requests used counts as freed, in cached blocks freed ([`ADAPTIVE_HORIZON`] by
-    /// default; 0 makes the policy LRU's order with the ghost table's bookkeeping).
+    /// requests used counts as freed, in cached blocks freed; `None` for the default
+    /// of the pool's size ([`default_adaptive_horizon`]); 0 makes the policy LRU's
+    /// order with the ghost table's bookkeeping.
     ///
-    /// [`ADAPTIVE_HORIZON`]: super::eviction::ADAPTIVE_HORIZON
-    pub adaptive_horizon: u64,
+    /// [`default_adaptive_horizon`]: super::eviction::default_adaptive_horizon
+    pub adaptive_horizon: Option<u64>,
     /// Run retention durations on a clock the caller advances
     /// ([`BlockPool::advance_clock`]) instead of the OS's monotonic clock.
     pub manual_clock: bool,
@@ -71,10 +72,19 @@ impl PoolConfig {
             hash_width: None,
             max_pending_events: DEFAULT_MAX_PENDING_EVENTS,
             eviction: EvictionPolicy::Lru,
-            adaptive_horizon: super::eviction::ADAPTIVE_HORIZON,
+            adaptive_horizon: None,
             manual_clock: false,
             max_pinned_blocks: num_blocks / 4,
         }
+    }
+
+    /// The adaptive policy's horizon in force: the one given, else the default for
+    /// the pool's size ([`default_adaptive_horizon`]).
+    ///
+    /// [`default_adaptive_horizon`]: super::eviction::default_adaptive_horizon
+    pub fn horizon(&self) -> u64 {
+        self.adaptive_horizon
+            .unwrap_or_else(|| super::eviction::default_adaptive_horizon(self.num_blocks))
     }
 }
 
@@ -201,12 +211,13 @@ impl BlockPool {
                 "max_pending_events must be at least 1".into(),
             ));
         }
-        if config.adaptive_horizon > super::eviction::MAX_ADAPTIVE_HORIZON {
-            return Err(PoolError::InvalidArgument(format!(
-                "adaptive_horizon must be between 0 and {}, got {}",
-                super::eviction::MAX_ADAPTIVE_HORIZON,
-                config.adaptive_horizon
-            )));
+        if let Some(horizon) = config.adaptive_horizon {
+            if horizon > super::eviction::MAX_ADAPTIVE_HORIZON {
+                return Err(PoolError::InvalidArgument(format!(
+                    "adaptive_horizon must be between 0 and {}, got {horizon}",
+                    super::eviction::MAX_ADAPTIVE_HORIZON,
+                )));
+            }
         }
         if let Some(w) = config.hash_width {
             if w == 0 || w > MAX_HASH_WIDTH {
@@ -231,7 +242,7 @@ impl BlockPool {
             Clock::Monotonic(std::time::Instant::now())
         };
         let eviction = Eviction::new(config.eviction, config.num_blocks, clock)?
-            .with_horizon(config.adaptive_horizon);
+            .with_horizon(config.horizon());
         let queue = FreeQueue::with_policy(first, config.num_blocks, eviction);
         Ok(Self {
             hash_width: config.hash_width,

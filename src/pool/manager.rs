@@ -46,7 +46,7 @@ pub struct ManagerConfig {
     /// Which cached free block is evicted first.
     pub eviction: super::EvictionPolicy,
     /// The adaptive policy's horizon ([`PoolConfig::adaptive_horizon`]).
-    pub adaptive_horizon: u64,
+    pub adaptive_horizon: Option<u64>,
     /// Run retention durations on a clock the caller advances.
     pub manual_clock: bool,
     /// Most blocks that may be pinned at once; `None`: a quarter of the blocks.
@@ -68,7 +68,7 @@ impl ManagerConfig {
             max_model_len: None,
             stats_window: 1000,
             eviction: super::EvictionPolicy::Lru,
-            adaptive_horizon: super::ADAPTIVE_HORIZON,
+            adaptive_horizon: None,
             manual_clock: false,
             max_pinned_blocks: None,
         }

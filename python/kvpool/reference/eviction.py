@@ -12,9 +12,9 @@ policy decides which. Each policy keeps the cached free blocks in LRU lists (*cl
   ahead of every block that joined the default list after it ran out; ``free_block_ids`` shows
   them applied, which changes nothing observable.
 * ``"adaptive"``: two bands by use count; a block freed after one use joins band 0 with credit
-  ``t``, one used by two or more requests band 1 with credit ``t + ADAPTIVE_HORIZON`` (``t``
-  counts the cached blocks freed so far); the band head with the lower credit goes first (band 0
-  on a tie). Uses survive eviction in a ghost table (:class:`Ghosts`: ``4 * W`` ways in 8-way
+  ``t``, one used by two or more requests band 1 with credit ``t + H`` (``t`` counts the cached
+  blocks freed so far; the horizon ``H`` is :func:`default_adaptive_horizon` of the pool's size
+  unless given); the band head with the lower credit goes first (band 0 on a tie). Uses survive eviction in a ghost table (:class:`Ghosts`: ``4 * W`` ways in 8-way
   sets) that forgets a record ``W = max(num_blocks, 8000)`` evictions after writing it.
 """
 
@@ -39,6 +39,7 @@ __all__ = [
     "Clock",
     "Ghosts",
     "PolicyQueue",
+    "default_adaptive_horizon",
     "ghost_window",
 ]
 
@@ -47,11 +48,27 @@ DEFAULT_PRIORITY = 35
 MAX_PRIORITY = 100
 ADAPTIVE_BANDS = 2  # blocks used by one request; by two or more
 ADAPTIVE_HORIZON = 20_000  # a reused block counts as freed this many cached blocks later
+FULL_HORIZON_UNTIL = ADAPTIVE_HORIZON * 5 // 4  # pools up to this size get all of it by default
+NO_HORIZON_FROM = ADAPTIVE_HORIZON * 3 // 2  # pools from this size get none: LRU's order
 MAX_ADAPTIVE_HORIZON = 1 << 40
 MIN_GHOST_WINDOW = 8_000
 GHOSTS_PER_BLOCK = 4
 
 HashKey = tuple[bytes, int]
+
+
+def default_adaptive_horizon(num_blocks: int) -> int:
+    """The adaptive policy's horizon when none is given: :data:`ADAPTIVE_HORIZON` in pools of up
+    to :data:`FULL_HORIZON_UNTIL` blocks, fading linearly to 0 at :data:`NO_HORIZON_FROM`.
+
+    A pool that spans more than the horizon already keeps reused blocks that long by recency, and
+    the bonus would only evict recent first uses before old reused blocks (``docs/eviction.md``).
+    """
+    if num_blocks <= FULL_HORIZON_UNTIL:
+        return ADAPTIVE_HORIZON
+    if num_blocks >= NO_HORIZON_FROM:
+        return 0
+    return ADAPTIVE_HORIZON * (NO_HORIZON_FROM - num_blocks) // (NO_HORIZON_FROM - FULL_HORIZON_UNTIL)
 
 
 def ghost_window(num_blocks: int) -> int:

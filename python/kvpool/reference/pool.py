@@ -48,7 +48,6 @@ from kvpool._errors import (
 )
 from kvpool.events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored
 from kvpool.reference.eviction import (
-    ADAPTIVE_HORIZON,
     DEFAULT_PRIORITY,
     MAX_ADAPTIVE_HORIZON,
     MAX_PRIORITY,
@@ -56,6 +55,7 @@ from kvpool.reference.eviction import (
     Clock,
     PolicyQueue,
     check_policy,
+    default_adaptive_horizon,
 )
 from kvpool.reference.free_queue import FreeQueue
 from kvpool.reference._args import (
@@ -112,7 +112,8 @@ class BlockPool:
         ``num_blocks // 4``) may be pinned; ``clock`` is ``"monotonic"`` (default) or
         ``"manual"`` (moved by ``advance_clock``), the clock retention durations run on.
         ``adaptive_horizon`` (``eviction="adaptive"`` only, ``0..=2**40``) replaces the adaptive
-        policy's horizon.
+        policy's horizon (by default 20,000 in pools up to 25,000 blocks, fading to 0 at 30,000:
+        :func:`~kvpool.reference.eviction.default_adaptive_horizon`).
 
         Raises ``DtypeError`` for a non-int / non-bool argument and ``InvalidArgumentError``
         unless ``1 <= num_blocks <= 2**31 - 1``, ``block_size >= 1``, ``hash_width`` is
@@ -164,7 +165,7 @@ class BlockPool:
         self._dropped_events = 0
         first = 1 if null_block else 0
         self._eviction = policy
-        self._adaptive_horizon = ADAPTIVE_HORIZON if horizon is None else horizon
+        self._adaptive_horizon = default_adaptive_horizon(num_blocks) if horizon is None else horizon
         self._clock = Clock(manual)
         self._max_pinned = num_blocks // 4 if pin_budget is None else pin_budget
         self._pins: set[int] = set()
