@@ -20,7 +20,9 @@ Workloads (calls per round in brackets):
 * ``churn-SHAPE``: vs_vllm's evicting churn on a 100,000-block pool: ``get_new_blocks(64)``
   (each block evicted from the prefix cache), ``cache_full_blocks`` under new keys, ``free_blocks(
   ..., reverse=True)``; each round one cycle of the pool, the keys alternating between two sets
-  so that every round evicts the one before; SHAPE ``sha256`` and ``int32-be`` [1,562].
+  so that every round evicts the one before; SHAPE ``sha256`` and ``int32-be`` [1,562];
+* ``adaptive-churn-SHAPE`` (``--only adaptive``): the same churn under ``eviction="adaptive"``
+  with its full horizon (20,000 blocks freed) [1,562].
 Each build's results are checked equal before timing.
 """
 
@@ -79,8 +81,8 @@ CHURN_POOL, CHURN_BATCH = 100_000, 64
 CHURN_CALLS = (CHURN_POOL - 1) // CHURN_BATCH
 
 
-def churn_workloads(core: ModuleType) -> dict[str, Callable[[], Any]]:
-    """The evicting churn, one pool cycle a round, for each key shape."""
+def churn_workloads(core: ModuleType, eviction: str = "lru") -> dict[str, Callable[[], Any]]:
+    """The evicting churn, one pool cycle a round, for each key shape, under ``eviction``."""
     import numpy as np
 
     from kvpool.bench import churn_keys
@@ -90,7 +92,8 @@ def churn_workloads(core: ModuleType) -> dict[str, Callable[[], Any]]:
         keys = [churn_keys(shape, np.arange(i, i + CHURN_BATCH, dtype=np.uint64))
                 for i in range(0, 2 * CHURN_CALLS * CHURN_BATCH, CHURN_BATCH)]
         sets = itertools.cycle([keys[:CHURN_CALLS], keys[CHURN_CALLS:]])
-        pool = core.BlockPool(CHURN_POOL, enable_caching=True, block_size=16)
+        policy = {} if eviction == "lru" else {"eviction": eviction, "adaptive_horizon": 20_000}
+        pool = core.BlockPool(CHURN_POOL, enable_caching=True, block_size=16, **policy)
 
         def cycle(pool: Any = pool, sets: Iterator[list[Any]] = sets) -> None:
             for k in next(sets):
@@ -99,12 +102,12 @@ def churn_workloads(core: ModuleType) -> dict[str, Callable[[], Any]]:
                 pool.free_blocks(blocks, reverse=True)
 
         cycle()  # fill the cache, untimed
-        out[f"churn-{shape}"] = cycle
+        out[("" if eviction == "lru" else f"{eviction}-") + f"churn-{shape}"] = cycle
     return out
 
 
 def calls_per_round(name: str) -> int:
-    if name.startswith("churn"):
+    if "churn" in name:
         return CHURN_CALLS
     return 3_200 if name == "alloc-free" else 320
 
@@ -114,7 +117,7 @@ def main() -> None:
     parser.add_argument("old", help="the baseline build (a compiled _core .so)")
     parser.add_argument("new", help="the build to compare with it")
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--only", default="hash,alloc", help="comma-separated: hash, alloc, churn")
+    parser.add_argument("--only", default="hash,alloc", help="comma-separated: hash, alloc, churn, adaptive")
     args = parser.parse_args()
     only = set(args.only.split(","))
     builds = {"old": load_build(args.old), "new": load_build(args.new)}
@@ -129,6 +132,8 @@ def main() -> None:
             work[label].update(alloc_workload(core))
         if "churn" in only:
             work[label].update(churn_workloads(core))
+        if "adaptive" in only:
+            work[label].update(churn_workloads(core, "adaptive"))
     for name in work["old"]:
         if name.startswith("hash"):
             old, new = work["old"][name](), work["new"][name]()

@@ -24,7 +24,9 @@ Adversarial shapes, so that no policy's cost depends on what the input looks lik
 * ``whole-pool``: allocate every block in one call (evicting all), cache them, free them in one
   call. Per block.
 
-Each round runs every policy once, the order rotating; the figures are the medians per policy
+Policies: ``lru``, ``priority``, ``adaptive`` (with its full horizon, 20,000 blocks freed) and
+``adaptive-0`` (a horizon of 0: what pools of 30,000 blocks or more get by default, LRU's order
+without the ghost table). Each round runs every policy once, the order rotating; the figures are the medians per policy
 and their ratio to LRU's. Usage: ``python benches/eviction_policies.py [--rounds 7] [--json]``.
 """
 
@@ -48,21 +50,28 @@ import kvpool  # noqa: E402
 from kvpool.simulate import replay  # noqa: E402
 from kvpool.traces import load_trace  # noqa: E402
 
-POLICIES = ("lru", "priority", "adaptive")
+POLICIES = ("lru", "priority", "adaptive", "adaptive-0")
 POOL = 100_000
 REQUEST = 64
 REQUESTS = 1_000
 DEFAULT_TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "conversation_trace.jsonl"
 
 
-def new_pool(policy: str) -> Any:
-    """An empty pool of ``POOL`` blocks under ``policy``. The adaptive one gets the full horizon
-    (20,000 blocks freed) that its default fades out of in pools this large, so that its costs are
-    those of the policy at work (they do not depend on the horizon, but the figures stay comparable
-    with those measured before the fade)."""
+def pool_args(policy: str) -> dict[str, Any]:
+    """The constructor arguments of a benchmark policy. ``"adaptive"`` gets the full horizon
+    (20,000 blocks freed) that its default fades out of in pools of 30,000 blocks or more, so that
+    its costs are those of the policy at work; ``"adaptive-0"`` is what such a pool gets by
+    default, a horizon of 0 (LRU's order, no ghost table)."""
     if policy == "adaptive":
-        return kvpool.BlockPool(POOL, eviction=policy, block_size=16, adaptive_horizon=20_000)
-    return kvpool.BlockPool(POOL, eviction=policy, block_size=16)
+        return {"eviction": "adaptive", "adaptive_horizon": 20_000}
+    if policy == "adaptive-0":
+        return {"eviction": "adaptive", "adaptive_horizon": 0}
+    return {"eviction": policy}
+
+
+def new_pool(policy: str) -> Any:
+    """An empty pool of ``POOL`` blocks under ``policy`` (:func:`pool_args`)."""
+    return kvpool.BlockPool(POOL, block_size=16, **pool_args(policy))
 
 
 def filled_pool(policy: str) -> tuple[Any, int]:
@@ -175,7 +184,7 @@ def run(rounds: int, trace_path: Path | None) -> list[dict[str, Any]]:
         requests = [ids[:20_000] for ids in trace.hash_ids]
 
         def replay_setup(policy: str) -> Any:
-            return kvpool.BlockPool(20_001, eviction=policy, block_size=512)
+            return kvpool.BlockPool(20_001, block_size=512, **pool_args(policy))
 
         workloads.append(("replay", lambda pool: replay(pool, requests), replay_setup, trace.num_blocks))
     rows = []

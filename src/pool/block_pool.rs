@@ -241,8 +241,8 @@ impl BlockPool {
         } else {
             Clock::Monotonic(std::time::Instant::now())
         };
-        let eviction = Eviction::new(config.eviction, config.num_blocks, clock)?
-            .with_horizon(config.horizon());
+        let eviction =
+            Eviction::with_horizon(config.eviction, config.num_blocks, clock, config.horizon())?;
         let queue = FreeQueue::with_policy(first, config.num_blocks, eviction);
         Ok(Self {
             hash_width: config.hash_width,

@@ -569,8 +569,21 @@ pub struct Eviction {
 }
 
 impl Eviction {
-    /// The state of `policy` for `num_blocks` blocks, on `clock`.
+    /// The state of `policy` for `num_blocks` blocks, on `clock`, the adaptive policy
+    /// with the default horizon for the pool's size ([`default_adaptive_horizon`]).
     pub fn new(policy: EvictionPolicy, num_blocks: u32, clock: Clock) -> PoolResult<Self> {
+        Self::with_horizon(policy, num_blocks, clock, default_adaptive_horizon(num_blocks))
+    }
+
+    /// [`new`](Self::new) with the adaptive policy's horizon given. With a horizon of 0
+    /// the policy evicts in LRU's order whatever the blocks' uses, so it keeps no ghost
+    /// table (the 4.7 MB of a 100,000-block pool, and its cost per eviction).
+    pub fn with_horizon(
+        policy: EvictionPolicy,
+        num_blocks: u32,
+        clock: Clock,
+        horizon: u64,
+    ) -> PoolResult<Self> {
         let n = num_blocks as usize;
         let side = |bytes_per_block: usize| PoolError::OutOfMemory {
             what: "the eviction policy's per-block state",
@@ -585,7 +598,7 @@ impl Eviction {
             next_seq: 0,
             adaptive: Vec::new(),
             tick: 0,
-            horizon: default_adaptive_horizon(num_blocks),
+            horizon,
             ghosts: Ghosts::default(),
         };
         match policy {
@@ -605,17 +618,13 @@ impl Eviction {
             EvictionPolicy::Adaptive => {
                 state.adaptive.try_reserve_exact(n).map_err(|_| side(8))?;
                 state.adaptive.resize(n, 0);
-                state.ghosts = Ghosts::new(ghost_slots(num_blocks), ghost_window(num_blocks))?;
+                if horizon > 0 {
+                    state.ghosts =
+                        Ghosts::new(ghost_slots(num_blocks), ghost_window(num_blocks))?;
+                }
             }
         }
         Ok(state)
-    }
-
-    /// The adaptive policy with `horizon` in place of the default for the pool's size
-    /// ([`default_adaptive_horizon`]).
-    pub fn with_horizon(mut self, horizon: u64) -> Self {
-        self.horizon = horizon;
-        self
     }
 
     /// The policy.
@@ -904,6 +913,26 @@ mod tests {
             };
             assert_eq!(given.horizon(), 7);
         }
+    }
+
+    #[test]
+    fn a_horizon_of_zero_keeps_no_ghost_table() {
+        let at = |blocks: u32, horizon: u64| {
+            Eviction::with_horizon(EvictionPolicy::Adaptive, blocks, Clock::Manual(0.0), horizon)
+                .unwrap()
+                .ghosts()
+                .capacity()
+        };
+        assert_eq!(at(1_000, 0), 0);
+        assert!(at(1_000, 1) >= ghost_slots(1_000));
+        let default = |blocks: u32| {
+            Eviction::new(EvictionPolicy::Adaptive, blocks, Clock::Manual(0.0))
+                .unwrap()
+                .ghosts()
+                .capacity()
+        };
+        assert!(default(29_999) >= ghost_slots(29_999));
+        assert_eq!(default(30_000), 0);
     }
 
     #[test]
