@@ -22,7 +22,8 @@ needs_core = pytest.mark.skipif(not HAVE_CORE, reason="kvpool._core is not built
 # capacity 4 hits 7 blocks and evicts 3, unbounded hits 8.
 HAND = [([1, 2, 3], 10), ([1, 2, 4, 5], 15), ([1, 2, 3, 6, 7, 8], 22), ([1, 2, 3], 10)]
 SIM_KEYS = ["trace", "capacity_blocks", "requests", "blocks", "hit_blocks", "block_hit_ratio",
-            "token_hit_ratio", "evictions", "seconds", "policy", "capacity_tokens", "capacity_gib", "mode"]
+            "token_hit_ratio", "evictions", "seconds", "policy", "adaptive_horizon", "capacity_tokens", "capacity_gib",
+            "mode"]
 
 
 @pytest.fixture

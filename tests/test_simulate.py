@@ -150,8 +150,20 @@ def test_rejects_bad_capacity_and_block_tokens(impl: Impl) -> None:
 def test_json_fields() -> None:
     result = simulate_one(make_trace(*HAND), None, block_tokens=4, impl=get_impl("reference"))
     assert list(result.to_dict()) == ["trace", "capacity_blocks", "requests", "blocks", "hit_blocks",
-                                      "block_hit_ratio", "token_hit_ratio", "evictions", "seconds", "policy"]
+                                      "block_hit_ratio", "token_hit_ratio", "evictions", "seconds", "policy",
+                                      "adaptive_horizon"]
     assert result.to_dict()["capacity_blocks"] is None
+    assert result.to_dict()["adaptive_horizon"] is None  # only the adaptive policy has one
+
+
+@pytest.mark.parametrize("impl_name", ["kvpool", "reference"])
+def test_a_result_reports_the_adaptive_horizon_in_force(impl_name: str) -> None:
+    if impl_name == "kvpool" and not HAVE_CORE:
+        pytest.skip("kvpool._core is not built")
+    trace, impl = make_trace(*HAND), get_impl(impl_name)
+    horizons = [simulate_one(trace, 4, block_tokens=4, impl=impl, policy=p).adaptive_horizon
+                for p in ("adaptive", "adaptive:7", "lru")]
+    assert horizons == [20_000, 7, None]
 
 
 def test_progress_reports_every_chunk() -> None:

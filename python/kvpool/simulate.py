@@ -102,6 +102,8 @@ class PoolLike(Protocol):
     ) -> None: ...
     def find_longest_cache_hit(self, block_hashes: Any, *, max_blocks: int | None = None) -> npt.NDArray[Any]: ...
     def get_num_cached_blocks(self) -> int: ...
+    @property
+    def adaptive_horizon(self) -> int: ...
 
 
 PoolFactory = Callable[..., PoolLike]
@@ -227,6 +229,7 @@ class ReplayResult:
     evictions: int
     seconds: float
     policy: str = "lru"  # the pool's eviction policy, or "belady" (kvpool.simulate_belady)
+    adaptive_horizon: int | None = None  # the adaptive policy's horizon in force (it fades with the pool's size)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict (ratios and seconds rounded to 6 digits)."""
@@ -322,8 +325,10 @@ def simulate_one(
     pool = replay_pool(impl, usable, block_tokens, policy)
     hits, seconds = _timed_replay(pool, requests, progress)
     newly_cached = sum(len(h) for h in requests) - sum(hits)
+    horizon = pool.adaptive_horizon if policy_args(policy)["eviction"] == "adaptive" else None
     return replay_result(trace, capacity, hits, block_tokens=block_tokens,
-                         evictions=newly_cached - pool.get_num_cached_blocks(), seconds=seconds, policy=policy)
+                         evictions=newly_cached - pool.get_num_cached_blocks(), seconds=seconds, policy=policy,
+                         adaptive_horizon=horizon)
 
 
 def replay_result(
@@ -335,6 +340,7 @@ def replay_result(
     evictions: int,
     seconds: float,
     policy: str,
+    adaptive_horizon: int | None = None,
 ) -> ReplayResult:
     """The :class:`ReplayResult` of a replay of ``trace`` whose requests hit ``hits`` blocks each."""
     hit_blocks, block_ratio, token_ratio = hit_ratios(trace, hits, block_tokens)
@@ -349,6 +355,7 @@ def replay_result(
         evictions=evictions,
         seconds=seconds,
         policy=policy,
+        adaptive_horizon=adaptive_horizon,
     )
 
 
