@@ -572,7 +572,12 @@ impl Eviction {
     /// The state of `policy` for `num_blocks` blocks, on `clock`, the adaptive policy
     /// with the default horizon for the pool's size ([`default_adaptive_horizon`]).
     pub fn new(policy: EvictionPolicy, num_blocks: u32, clock: Clock) -> PoolResult<Self> {
-        Self::with_horizon(policy, num_blocks, clock, default_adaptive_horizon(num_blocks))
+        Self::with_horizon(
+            policy,
+            num_blocks,
+            clock,
+            default_adaptive_horizon(num_blocks),
+        )
     }
 
     /// [`new`](Self::new) with the adaptive policy's horizon given. With a horizon of 0
@@ -619,8 +624,7 @@ impl Eviction {
                 state.adaptive.try_reserve_exact(n).map_err(|_| side(8))?;
                 state.adaptive.resize(n, 0);
                 if horizon > 0 {
-                    state.ghosts =
-                        Ghosts::new(ghost_slots(num_blocks), ghost_window(num_blocks))?;
+                    state.ghosts = Ghosts::new(ghost_slots(num_blocks), ghost_window(num_blocks))?;
                 }
             }
         }
@@ -918,10 +922,15 @@ mod tests {
     #[test]
     fn a_horizon_of_zero_keeps_no_ghost_table() {
         let at = |blocks: u32, horizon: u64| {
-            Eviction::with_horizon(EvictionPolicy::Adaptive, blocks, Clock::Manual(0.0), horizon)
-                .unwrap()
-                .ghosts()
-                .capacity()
+            Eviction::with_horizon(
+                EvictionPolicy::Adaptive,
+                blocks,
+                Clock::Manual(0.0),
+                horizon,
+            )
+            .unwrap()
+            .ghosts()
+            .capacity()
         };
         assert_eq!(at(1_000, 0), 0);
         assert!(at(1_000, 1) >= ghost_slots(1_000));
