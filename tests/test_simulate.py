@@ -164,6 +164,9 @@ def test_a_result_reports_the_adaptive_horizon_in_force(impl_name: str) -> None:
     horizons = [simulate_one(trace, 4, block_tokens=4, impl=impl, policy=p).adaptive_horizon
                 for p in ("adaptive", "adaptive:7", "lru")]
     assert horizons == [20_000, 7, None]
+    # The horizon of the pool asked for, though a replay clamps the pool to what the trace fills.
+    assert simulate_one(trace, 50_000, block_tokens=4, impl=impl, policy="adaptive").adaptive_horizon == 0
+    assert simulate_one(trace, 27_499, block_tokens=4, impl=impl, policy="adaptive").adaptive_horizon == 10_000
 
 
 def test_progress_reports_every_chunk() -> None:
@@ -377,7 +380,8 @@ def test_adaptive_is_never_below_lru_on_shared_traces(name: str) -> None:
     """Issue 12's floor: the adaptive policy hits at least LRU's blocks at the eighteen capacities
     of ``docs/eviction.md``'s table and every 500 blocks where its default horizon fades out
     (``benches/adaptive_never_below_lru.py`` checks 221 capacities). Before the fade, a full
-    horizon lost up to 1% of LRU's hits on the conversation trace at 36,000-40,000 blocks."""
+    horizon lost up to 1.1% of LRU's hits on the conversation trace at 36,000-41,000 blocks.
+    Above 30,000 blocks the default horizon is 0, so there the test checks the fade itself."""
     if not HAVE_CORE:
         pytest.skip("kvpool._core is not built")
     trace = shared_trace(name)
@@ -392,10 +396,10 @@ def test_adaptive_is_never_below_lru_on_shared_traces(name: str) -> None:
         if adaptive < lru:
             below[capacity] = adaptive - lru
     assert below == {}
-    # The full horizon (given explicitly) is still below LRU there: the check can fail.
-    if name.startswith("conversation"):
-        full = simulate_one(trace, 38_000, impl=impl, hashes=hashes, policy="adaptive:20000")
-        assert full.hit_blocks < simulate_one(trace, 38_000, impl=impl, hashes=hashes).hit_blocks
+    # The full horizon (given explicitly) is below LRU at a capacity of each trace: the check can fail.
+    at = 38_000 if name.startswith("conversation") else 33_900
+    full = simulate_one(trace, at, impl=impl, hashes=hashes, policy="adaptive:20000")
+    assert full.hit_blocks < simulate_one(trace, at, impl=impl, hashes=hashes).hit_blocks
 
 
 @pytest.mark.parametrize("policy", ["priority", "adaptive", "adaptive:0", "adaptive:1", "adaptive:3"])

@@ -125,6 +125,7 @@ def test_rust_and_reference_agree_under_pressure(policy: str) -> None:
         a = simulate_timed(trace, capacity, service=fast, policy=policy)
         b = simulate_timed(trace, capacity, service=fast, policy=policy, impl=get_impl("reference"))
         assert a == b
+        assert a.adaptive_horizon == (20_000 if policy == "adaptive" else None)
         pressed.append(a.preemptions + a.waited_for_blocks)
     assert pressed[0] > 0 and pressed[-1] == 0  # the small pool was short, the unbounded one never
 

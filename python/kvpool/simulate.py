@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvpool.capacity import CapacityUnits
-from kvpool.reference.eviction import EVICTION_POLICIES, MAX_ADAPTIVE_HORIZON
+from kvpool.reference.eviction import EVICTION_POLICIES, MAX_ADAPTIVE_HORIZON, default_adaptive_horizon
 from kvpool.traces import MOONCAKE_BLOCK_TOKENS, HashIds, Trace, is_prefix_consistent
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "check_replay_args",
     "get_impl",
     "hit_ratios",
+    "horizon_in_force",
     "load_pyplot",
     "plot_path_problem",
     "finish_plot",
@@ -291,6 +292,21 @@ def policy_args(policy: str) -> dict[str, Any]:
     return {"eviction": name, "adaptive_horizon": int(horizon)}
 
 
+def horizon_in_force(policy: str, pool: PoolLike, capacity: int | None) -> int | None:
+    """The adaptive horizon of a pool of ``capacity`` usable blocks under ``policy`` (``None`` for
+    the other policies): the one the policy names, else the default for that size. Taken from
+    the capacity asked for, not from ``pool``, which a replay clamps to what the trace can fill
+    (where it never evicts, so the counts are the same); ``pool``'s own for an unbounded one."""
+    args = policy_args(policy)
+    if args["eviction"] != "adaptive":
+        return None
+    if "adaptive_horizon" in args:
+        return int(args["adaptive_horizon"])
+    if capacity is None:
+        return pool.adaptive_horizon
+    return default_adaptive_horizon(capacity + 1)  # and the null block
+
+
 def replay_pool(impl: Impl, usable: int, block_tokens: int, policy: str) -> PoolLike:
     """A fresh caching pool of ``usable`` blocks (and the null block) evicting by ``policy``
     (a name :func:`policy_args` takes)."""
@@ -325,7 +341,7 @@ def simulate_one(
     pool = replay_pool(impl, usable, block_tokens, policy)
     hits, seconds = _timed_replay(pool, requests, progress)
     newly_cached = sum(len(h) for h in requests) - sum(hits)
-    horizon = pool.adaptive_horizon if policy_args(policy)["eviction"] == "adaptive" else None
+    horizon = horizon_in_force(policy, pool, capacity)
     return replay_result(trace, capacity, hits, block_tokens=block_tokens,
                          evictions=newly_cached - pool.get_num_cached_blocks(), seconds=seconds, policy=policy,
                          adaptive_horizon=horizon)

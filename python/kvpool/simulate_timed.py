@@ -46,6 +46,7 @@ from kvpool.simulate import (
     check_replay_args,
     get_impl,
     hit_ratios,
+    horizon_in_force,
     prepare_hashes,
     replay_pool,
     unbounded_capacity,
@@ -99,6 +100,7 @@ class TimedResult:
     decode_tokens_per_s: float
     max_running: int
     policy: str = "lru"
+    adaptive_horizon: int | None = None  # the adaptive policy's horizon in force
     mode: str = "timed"
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +173,7 @@ def simulate_timed(
         decode_tokens_per_s=service.decode_tokens_per_s,
         max_running=service.max_running,
         policy=policy,
+        adaptive_horizon=horizon_in_force(policy, pool, capacity),
     )
 
 

@@ -40,7 +40,7 @@ pub struct PoolConfig {
     /// The adaptive policy's horizon: how much later than it was a block two or more
     /// requests used counts as freed, in cached blocks freed; `None` for the default
     /// of the pool's size ([`default_adaptive_horizon`]); 0 makes the policy LRU's
-    /// order with the ghost table's bookkeeping.
+    /// order, and the pool keeps no ghost table then.
     ///
     /// [`default_adaptive_horizon`]: super::eviction::default_adaptive_horizon
     pub adaptive_horizon: Option<u64>,

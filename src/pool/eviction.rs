@@ -60,8 +60,8 @@ pub const NO_HORIZON_FROM: u64 = ADAPTIVE_HORIZON * 3 / 2;
 /// A pool that spans more than the horizon already keeps reused blocks that long by
 /// recency alone; there the bonus only makes the policy evict recent first uses
 /// (a conversation's next turn) before old reused blocks. On the Mooncake
-/// conversation trace a full horizon cost up to 1% of LRU's hits between 33,000 and
-/// 41,000 blocks; faded, the policy is never below LRU from 1,000 to 100,000 blocks
+/// conversation trace a full horizon cost up to 1.1% of LRU's hits between 36,000
+/// and 41,000 blocks (and less at some larger sizes); faded, the policy is never below LRU from 1,000 to 100,000 blocks
 /// on either trace (`docs/eviction.md`).
 pub fn default_adaptive_horizon(num_blocks: u32) -> u64 {
     let blocks = u64::from(num_blocks);
