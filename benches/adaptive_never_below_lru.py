@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-import kvpool
-from kvpool.simulate import get_impl, prepare_hashes, replay, truncate, unbounded_capacity
+from kvpool.simulate import get_impl, prepare_hashes, simulate_one
 from kvpool.traces import load_trace
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
@@ -35,12 +34,6 @@ def capacities(low: int, high: int, points: int, dense: tuple[int, int], step: i
     return sorted(spread | set(range(dense[0], dense[1] + 1, step)))
 
 
-def hits(trace_hashes: list, usable: int, **policy: object) -> int:
-    """Blocks hit replaying ``trace_hashes`` in a pool of ``usable`` blocks (and the null block)."""
-    pool = kvpool.BlockPool(usable + 1, enable_caching=True, block_size=512, **policy)
-    return sum(replay(pool, truncate(trace_hashes, usable)))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="*", type=Path, default=DEFAULT_TRACES)
@@ -52,9 +45,7 @@ def main() -> int:
     parser.add_argument("--horizon", type=int, default=None, help="adaptive_horizon= (default: the pool's default)")
     args = parser.parse_args()
     impl = get_impl("kvpool")
-    policy: dict[str, object] = {"eviction": "adaptive"}
-    if args.horizon is not None:
-        policy["adaptive_horizon"] = args.horizon
+    policy = "adaptive" if args.horizon is None else f"adaptive:{args.horizon}"
     below_anywhere = False
     for path in args.traces:
         trace = load_trace(str(path))
@@ -62,8 +53,8 @@ def main() -> int:
         caps = capacities(args.low, args.high, args.points, tuple(args.dense), args.step)
         below, worst = [], (float("inf"), 0)
         for c in caps:
-            usable = min(c, unbounded_capacity(trace))
-            lru, adaptive = hits(trace_hashes, usable), hits(trace_hashes, usable, **policy)
+            lru, adaptive = (simulate_one(trace, c, impl=impl, hashes=trace_hashes, policy=p).hit_blocks
+                             for p in ("lru", policy))
             worst = min(worst, (adaptive / lru if lru else 1.0, c))
             if adaptive < lru:
                 below.append((c, adaptive - lru))

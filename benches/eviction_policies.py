@@ -26,8 +26,8 @@ Adversarial shapes, so that no policy's cost depends on what the input looks lik
 
 Policies: ``lru``, ``priority``, ``adaptive`` (with its full horizon, 20,000 blocks freed) and
 ``adaptive-0`` (a horizon of 0: what pools of 30,000 blocks or more get by default, LRU's order
-without the ghost table). Each round runs every policy once, the order rotating; the figures are the medians per policy
-and their ratio to LRU's. Usage: ``python benches/eviction_policies.py [--rounds 7] [--json]``.
+without the ghost table). Each round runs every policy once, the order rotating; the figures
+are the medians per policy and their ratio to LRU's. Usage: ``python benches/eviction_policies.py [--rounds 7] [--json]``.
 """
 
 from __future__ import annotations

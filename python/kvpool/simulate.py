@@ -103,8 +103,6 @@ class PoolLike(Protocol):
     ) -> None: ...
     def find_longest_cache_hit(self, block_hashes: Any, *, max_blocks: int | None = None) -> npt.NDArray[Any]: ...
     def get_num_cached_blocks(self) -> int: ...
-    @property
-    def adaptive_horizon(self) -> int: ...
 
 
 PoolFactory = Callable[..., PoolLike]
@@ -292,19 +290,17 @@ def policy_args(policy: str) -> dict[str, Any]:
     return {"eviction": name, "adaptive_horizon": int(horizon)}
 
 
-def horizon_in_force(policy: str, pool: PoolLike, capacity: int | None) -> int | None:
-    """The adaptive horizon of a pool of ``capacity`` usable blocks under ``policy`` (``None`` for
-    the other policies): the one the policy names, else the default for that size. Taken from
-    the capacity asked for, not from ``pool``, which a replay clamps to what the trace can fill
-    (where it never evicts, so the counts are the same); ``pool``'s own for an unbounded one."""
+def horizon_in_force(policy: str, usable: int) -> int | None:
+    """The adaptive horizon of a replay's pool of ``usable`` blocks under ``policy`` (``None`` for
+    the other policies): the one the policy names, else the default for that size. Callers pass
+    the capacity asked for, not the pool a replay builds, which is clamped to what the trace can
+    fill (where it never evicts, so the counts are the same)."""
     args = policy_args(policy)
     if args["eviction"] != "adaptive":
         return None
     if "adaptive_horizon" in args:
         return int(args["adaptive_horizon"])
-    if capacity is None:
-        return pool.adaptive_horizon
-    return default_adaptive_horizon(capacity + 1)  # and the null block
+    return default_adaptive_horizon(usable + 1)  # and the null block, as replay_pool builds it
 
 
 def replay_pool(impl: Impl, usable: int, block_tokens: int, policy: str) -> PoolLike:
@@ -341,7 +337,7 @@ def simulate_one(
     pool = replay_pool(impl, usable, block_tokens, policy)
     hits, seconds = _timed_replay(pool, requests, progress)
     newly_cached = sum(len(h) for h in requests) - sum(hits)
-    horizon = horizon_in_force(policy, pool, capacity)
+    horizon = horizon_in_force(policy, usable if capacity is None else capacity)
     return replay_result(trace, capacity, hits, block_tokens=block_tokens,
                          evictions=newly_cached - pool.get_num_cached_blocks(), seconds=seconds, policy=policy,
                          adaptive_horizon=horizon)

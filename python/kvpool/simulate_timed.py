@@ -173,7 +173,7 @@ def simulate_timed(
         decode_tokens_per_s=service.decode_tokens_per_s,
         max_running=service.max_running,
         policy=policy,
-        adaptive_horizon=horizon_in_force(policy, pool, capacity),
+        adaptive_horizon=horizon_in_force(policy, usable if capacity is None else capacity),
     )
 
 

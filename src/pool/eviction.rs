@@ -61,8 +61,8 @@ pub const NO_HORIZON_FROM: u64 = ADAPTIVE_HORIZON * 3 / 2;
 /// recency alone; there the bonus only makes the policy evict recent first uses
 /// (a conversation's next turn) before old reused blocks. On the Mooncake
 /// conversation trace a full horizon cost up to 1.1% of LRU's hits between 36,000
-/// and 41,000 blocks (and less at some larger sizes); faded, the policy is never below LRU from 1,000 to 100,000 blocks
-/// on either trace (`docs/eviction.md`).
+/// and 41,000 blocks (and less at some larger sizes); faded, the policy is never
+/// below LRU from 1,000 to 100,000 blocks on either trace (`docs/eviction.md`).
 pub fn default_adaptive_horizon(num_blocks: u32) -> u64 {
     let blocks = u64::from(num_blocks);
     if blocks <= FULL_HORIZON_UNTIL {
@@ -96,6 +96,18 @@ pub fn ghost_window(num_blocks: u32) -> u32 {
 /// sets of a power-of-two count by the table).
 pub fn ghost_slots(num_blocks: u32) -> usize {
     (ghost_window(num_blocks) as usize).saturating_mul(GHOSTS_PER_BLOCK)
+}
+
+/// The ways of the ghost table a pool of `num_blocks` keeps under the adaptive
+/// policy with `horizon`: none at a horizon of 0, where uses change nothing (every
+/// credit is its block's tick), else [`ghost_slots`] rounded up to a power-of-two
+/// number of sets.
+pub fn ghost_table_ways(num_blocks: u32, horizon: u64) -> usize {
+    if horizon == 0 {
+        0
+    } else {
+        Ghosts::rounded(ghost_slots(num_blocks))
+    }
 }
 
 /// Which cached free block is evicted first.
@@ -289,11 +301,16 @@ pub struct Ghosts {
 }
 
 impl Ghosts {
+    /// `ways` rounded up to whole sets of a power-of-two count (at least one).
+    fn rounded(ways: usize) -> usize {
+        ways.div_ceil(GHOST_WAYS).max(1).next_power_of_two() * GHOST_WAYS
+    }
+
     /// A table of at least `ways` ways (rounded up to a power-of-two number of
     /// sets), forgetting after `window` evictions.
     fn new(ways: usize, window: u32) -> PoolResult<Self> {
-        let sets = ways.div_ceil(GHOST_WAYS).max(1).next_power_of_two();
-        let n = sets * GHOST_WAYS;
+        let n = Self::rounded(ways);
+        let sets = n / GHOST_WAYS;
         let mut table = Vec::new();
         table
             .try_reserve_exact(n + GHOST_WAYS - 1)
@@ -623,8 +640,9 @@ impl Eviction {
             EvictionPolicy::Adaptive => {
                 state.adaptive.try_reserve_exact(n).map_err(|_| side(8))?;
                 state.adaptive.resize(n, 0);
-                if horizon > 0 {
-                    state.ghosts = Ghosts::new(ghost_slots(num_blocks), ghost_window(num_blocks))?;
+                let ways = ghost_table_ways(num_blocks, horizon);
+                if ways > 0 {
+                    state.ghosts = Ghosts::new(ways, ghost_window(num_blocks))?;
                 }
             }
         }

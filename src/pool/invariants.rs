@@ -222,15 +222,8 @@ impl BlockPool {
                     last = credit;
                 }
             }
-            // No table when the horizon is 0 (uses change nothing then).
-            let capacity = if self.config.horizon() == 0 {
-                0
-            } else {
-                super::eviction::ghost_slots(self.config.num_blocks)
-                    .div_ceil(super::eviction::GHOST_WAYS)
-                    .next_power_of_two()
-                    * super::eviction::GHOST_WAYS
-            };
+            let capacity =
+                super::eviction::ghost_table_ways(self.config.num_blocks, self.config.horizon());
             if eviction.ghosts().capacity() != capacity {
                 problems.push(format!(
                     "adaptive policy: {} ghost slots, not {capacity}",

@@ -54,10 +54,10 @@ pub use error::{PoolError, PoolResult};
 pub use events::{EventExtraKey, PoolEvent, StoredBlocks, TakenEvents};
 pub use events_wire::{encode_event_batch, wire_hash, WireBatch};
 pub use eviction::{
-    default_adaptive_horizon, ghost_fingerprint, ghost_slots, ghost_window, BlockPriority, Clock,
-    Eviction, EvictionPolicy, ADAPTIVE_BANDS, ADAPTIVE_HORIZON, DEFAULT_PRIORITY,
-    FULL_HORIZON_UNTIL, GHOSTS_PER_BLOCK, MAX_ADAPTIVE_HORIZON, MAX_PRIORITY, MIN_GHOST_WINDOW,
-    NO_HORIZON_FROM,
+    default_adaptive_horizon, ghost_fingerprint, ghost_slots, ghost_table_ways, ghost_window,
+    BlockPriority, Clock, Eviction, EvictionPolicy, ADAPTIVE_BANDS, ADAPTIVE_HORIZON,
+    DEFAULT_PRIORITY, FULL_HORIZON_UNTIL, GHOSTS_PER_BLOCK, MAX_ADAPTIVE_HORIZON, MAX_PRIORITY,
+    MIN_GHOST_WINDOW, NO_HORIZON_FROM,
 };
 pub use free_queue::{FreeQueue, FrontBatch, ListOrder, Place, QueueParts};
 pub use group_hits::{check_window_max_length, find_longest_hit, find_spec_hit, GroupHit};

@@ -14,8 +14,8 @@ policy decides which. Each policy keeps the cached free blocks in LRU lists (*cl
 * ``"adaptive"``: two bands by use count; a block freed after one use joins band 0 with credit
   ``t``, one used by two or more requests band 1 with credit ``t + H`` (``t`` counts the cached
   blocks freed so far; the horizon ``H`` is :func:`default_adaptive_horizon` of the pool's size
-  unless given); the band head with the lower credit goes first (band 0 on a tie). Uses survive eviction in a ghost table (:class:`Ghosts`: ``4 * W`` ways in 8-way
-  sets) that forgets a record ``W = max(num_blocks, 8000)`` evictions after writing it.
+  unless given); the band head with the lower credit goes first (band 0 on a tie). Uses survive
+  eviction in a ghost table (:class:`Ghosts`: ``4 * W`` ways in 8-way sets) that forgets a record ``W = max(num_blocks, 8000)`` evictions after writing it.
 """
 
 from __future__ import annotations
