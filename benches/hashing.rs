@@ -1,5 +1,9 @@
 //! Block hashing in the core: one 1,200-token request (block size 16, 75 full
-//! blocks) hashed into its chain, per algorithm, in ns per block.
+//! blocks) hashed into its chain, per algorithm, in ns per block. Two kinds of
+//! tokens: `hashing` draws them below 151,000, so that about half of the pickled
+//! blocks take three SHA-256 pieces and half two; `hashing_vocab_32k` takes
+//! `benches/vs_vllm.py`'s prompts (a 32,000-token vocabulary: every block two
+//! pieces), the figure to set against vLLM's hasher there.
 
 use std::hint::black_box;
 
@@ -10,7 +14,18 @@ use kvpool::pool::hashing::{
 
 fn hashing(c: &mut Criterion) {
     let tokens: Vec<i64> = (0..1200).map(|t| (t * 7919 + 13) % 151_000).collect();
-    let mut group = c.benchmark_group("hashing");
+    hash_group(c, "hashing", &tokens);
+    // vs_vllm.py's first prompt: a shared 1,000-token prefix, then 200 of its own.
+    let vocab_32k: Vec<i64> = (0..1000)
+        .map(|t| (t * 31 + 7) % 32_000)
+        .chain(4001..4201)
+        .collect();
+    hash_group(c, "hashing_vocab_32k", &vocab_32k);
+}
+
+/// Every algorithm on `tokens` (1,200 of them), in group `name`.
+fn hash_group(c: &mut Criterion, name: &str, tokens: &[i64]) {
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(75));
     for algo in HashAlgo::ALL {
         let root = none_hash(algo, DEFAULT_NONE_HASH_SEED);
@@ -20,7 +35,7 @@ fn hashing(c: &mut Criterion) {
         group.bench_function(algo.name(), |b| {
             b.iter(|| {
                 out.clear();
-                hasher.update_chain(&root, black_box(&tokens), 16, &extra, &mut out)
+                hasher.update_chain(&root, black_box(tokens), 16, &extra, &mut out)
             })
         });
     }
