@@ -6,6 +6,10 @@ Workloads (every run on a fresh pool built outside the clock, ``gc.collect()`` b
 * ``churn``: a 100,000-block pool filled with cached blocks, then 1,000 requests that each
   allocate 64 blocks (evicting 64 cached ones), cache them under new 8-byte keys and free them
   tail first. Per block.
+* ``churn-25k``: the churn in a pool of 25,000 blocks, the largest whose adaptive policy keeps its
+  full horizon by default (``kvpool.reference.eviction.default_adaptive_horizon``): the ghost table of the policy
+  as shipped at its largest, where ``churn``'s 100,000-block pool, given the full horizon
+  explicitly, has one four times the size.
 * ``hits``: the same full pool; 1,000 requests that each look up a cached 64-block chain, touch
   it and free it tail first (no eviction: the policy's bookkeeping on hits and frees). Per block.
 * ``replay``: the Mooncake conversation trace (``--trace``; skipped when absent) in a pool of
@@ -69,15 +73,15 @@ def pool_args(policy: str) -> dict[str, Any]:
     return {"eviction": policy}
 
 
-def new_pool(policy: str) -> Any:
-    """An empty pool of ``POOL`` blocks under ``policy`` (:func:`pool_args`)."""
-    return kvpool.BlockPool(POOL, block_size=16, **pool_args(policy))
+def new_pool(policy: str, size: int = POOL) -> Any:
+    """An empty pool of ``size`` blocks under ``policy`` (:func:`pool_args`)."""
+    return kvpool.BlockPool(size, block_size=16, **pool_args(policy))
 
 
-def filled_pool(policy: str) -> tuple[Any, int]:
-    """A pool of ``POOL`` blocks whose every usable block is cached under keys ``0..``, and the next key."""
-    pool = new_pool(policy)
-    usable = POOL - 1
+def filled_pool(policy: str, size: int = POOL) -> tuple[Any, int]:
+    """A pool of ``size`` blocks whose every usable block is cached under keys ``0..``, and the next key."""
+    pool = new_pool(policy, size)
+    usable = size - 1
     ids = pool.get_new_blocks(usable)
     pool.cache_full_blocks(ids, np.arange(usable, dtype=np.uint64), 0, usable)
     pool.free_blocks(ids, reverse=True)
@@ -172,6 +176,7 @@ def run(rounds: int, trace_path: Path | None) -> list[dict[str, Any]]:
     """Every workload, ``rounds`` interleaved rounds; one result row per workload and policy."""
     workloads: list[tuple[str, Callable[[Any], None], Callable[[str], Any], int]] = [
         ("churn", churn, filled_pool, REQUESTS * REQUEST),
+        ("churn-25k", churn, lambda policy: filled_pool(policy, 25_000), REQUESTS * REQUEST),
         ("hits", hits, filled_pool, REQUESTS * REQUEST),
         ("churn-one-key", churn_one_key, filled_pool, REQUESTS * REQUEST),
         ("churn-32be", churn_32be, filled_32be, REQUESTS * REQUEST),

@@ -365,7 +365,7 @@ impl BlockPool {
         if from_list == out.len() {
             return Ok(());
         }
-        let adaptive = self.config.eviction == EvictionPolicy::Adaptive;
+        let adaptive = self.queue.eviction().ranks_by_use();
         let mut ghosts = std::mem::take(&mut self.ghost_scratch);
         ghosts.clear();
         for &id in &out[from_list..] {
@@ -515,7 +515,7 @@ impl BlockPool {
         }
         // The adaptive policy's ghost lookups, each key's fingerprint taken while the
         // key is at hand; the policy is told once every block is in.
-        let adaptive = self.config.eviction == EvictionPolicy::Adaptive;
+        let adaptive = self.queue.eviction().ranks_by_use();
         let mut cached = std::mem::take(&mut self.ghost_scratch);
         cached.clear();
         for (i, &id) in new_blocks.iter().enumerate() {
@@ -620,10 +620,12 @@ impl BlockPool {
                 .queue
                 .eviction_mut()
                 .set_priority(id, priority.unwrap_or(BlockPriority::DEFAULT)),
-            EvictionPolicy::Adaptive => self
-                .queue
-                .eviction_mut()
-                .on_cached(id, Self::fingerprint(key)),
+            EvictionPolicy::Adaptive => {
+                if self.queue.eviction().ranks_by_use() {
+                    let fingerprint = Self::fingerprint(key);
+                    self.queue.eviction_mut().on_cached(id, fingerprint);
+                }
+            }
         }
     }
 

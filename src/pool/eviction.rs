@@ -21,7 +21,8 @@
 //!   [`default_adaptive_horizon`] of the pool's size unless given: `ADAPTIVE_HORIZON`
 //!   in pools up to 1.25 times as large, fading to 0 (LRU's order) at 1.5 times.
 //!   Eviction takes the band head with the lower credit (each band is in `t`
-//!   order, so its head is its minimum). With a horizon of 0 this is LRU; the
+//!   order, so its head is its minimum). With a horizon of 0 this is LRU, and
+//!   it runs as LRU: one list, no uses, no ghosts ([`Eviction::ranks_by_use`]). The
 //!   horizon is bounded, so a block that stops being used does age out (no LFU
 //!   pollution). O(1) per block (two heads compared, one ghost-table operation).
 //!   The measurements behind the choice, and the alternatives tried, are in
@@ -598,8 +599,9 @@ impl Eviction {
     }
 
     /// [`new`](Self::new) with the adaptive policy's horizon given. With a horizon of 0
-    /// the policy evicts in LRU's order whatever the blocks' uses, so it keeps no ghost
-    /// table (the 4.7 MB of a 100,000-block pool, and its cost per eviction).
+    /// the policy evicts in LRU's order whatever the blocks' uses, so it keeps neither
+    /// the ghost table nor the uses and credits (4.7 MB and 0.8 MB of a 100,000-block
+    /// pool), and the queue runs it as LRU, one list ([`Self::ranks_by_use`]).
     pub fn with_horizon(
         policy: EvictionPolicy,
         num_blocks: u32,
@@ -637,6 +639,7 @@ impl Eviction {
                     .map_err(|_| side(24))?;
                 state.expiry_seq.resize(n, u64::MAX);
             }
+            EvictionPolicy::Adaptive if horizon == 0 => {}
             EvictionPolicy::Adaptive => {
                 state.adaptive.try_reserve_exact(n).map_err(|_| side(8))?;
                 state.adaptive.resize(n, 0);
@@ -653,6 +656,26 @@ impl Eviction {
     #[inline]
     pub fn policy(&self) -> EvictionPolicy {
         self.policy
+    }
+
+    /// True when blocks are ranked by their uses: the adaptive policy with a horizon
+    /// above 0. With a horizon of 0 its order is LRU's whatever the uses (each band's
+    /// credit would be its freeing tick), so it counts no uses, keeps no ghosts and
+    /// queues its blocks in one list, at LRU's cost.
+    #[inline]
+    pub fn ranks_by_use(&self) -> bool {
+        self.policy == EvictionPolicy::Adaptive && self.horizon > 0
+    }
+
+    /// The lists the free queue keeps: the policy's classes, but one for the adaptive
+    /// policy with a horizon of 0 ([`Self::ranks_by_use`]).
+    #[inline]
+    pub fn num_classes(&self) -> usize {
+        if self.policy == EvictionPolicy::Adaptive && !self.ranks_by_use() {
+            1
+        } else {
+            self.policy.num_classes()
+        }
     }
 
     /// The pool's clock, in seconds.
@@ -701,7 +724,7 @@ impl Eviction {
         }
     }
 
-    /// Block `id`'s use count (adaptive only; 0 otherwise).
+    /// Block `id`'s use count (adaptive with a horizon above 0 only; 0 otherwise).
     pub fn uses(&self, id: u32) -> u8 {
         self.adaptive.get(id as usize).map_or(0, |&w| w as u8)
     }
@@ -711,7 +734,9 @@ impl Eviction {
     /// only while it is in use).
     #[inline]
     pub fn band(&self, id: u32) -> usize {
-        usize::from(self.adaptive[id as usize] as u8 >= 2)
+        self.adaptive
+            .get(id as usize)
+            .map_or(0, |&w| usize::from(w as u8 >= 2))
     }
 
     /// Block `id`'s credit while queued (adaptive only).
@@ -740,7 +765,7 @@ impl Eviction {
     /// Block `id` was cached under the key of fingerprint `fingerprint`.
     #[inline]
     pub fn on_cached(&mut self, id: u32, fingerprint: u64) {
-        if self.policy == EvictionPolicy::Adaptive {
+        if self.ranks_by_use() {
             let before = self.ghosts.take(fingerprint);
             self.set_uses(id, before.saturating_add(1));
         }
@@ -755,7 +780,7 @@ impl Eviction {
     /// Allocation evicted each `(block, fingerprint)`, in order: their uses go to the
     /// ghost table in one tight loop, so its cache misses overlap.
     pub fn on_evicted_many(&mut self, evicted: &[(u32, u64)]) {
-        if self.policy == EvictionPolicy::Adaptive {
+        if self.ranks_by_use() {
             // In chunks, so that a chunk's lines are still in cache when it is recorded
             // (a whole pool's would not be).
             for chunk in evicted.chunks(WARM_CHUNK) {
@@ -770,7 +795,7 @@ impl Eviction {
 
     /// [`on_cached`](Self::on_cached) for each `(block, fingerprint)`, in order.
     pub fn on_cached_many(&mut self, cached: &[(u32, u64)]) {
-        if self.policy == EvictionPolicy::Adaptive {
+        if self.ranks_by_use() {
             for chunk in cached.chunks(WARM_CHUNK) {
                 self.ghosts.warm_directory(chunk.iter().map(|&(_, f)| f));
                 for &(id, fingerprint) in chunk {
@@ -794,6 +819,7 @@ impl Eviction {
         match self.policy {
             EvictionPolicy::Lru => 0,
             EvictionPolicy::Priority => self.priority_class_for(id),
+            EvictionPolicy::Adaptive if self.horizon == 0 => 0,
             EvictionPolicy::Adaptive => self.adaptive_class_for(id),
         }
     }
@@ -802,7 +828,7 @@ impl Eviction {
     /// is): the block's band, its credit set from the clock.
     #[inline(always)]
     pub fn adaptive_class_for(&mut self, id: u32) -> usize {
-        debug_assert!(self.policy == EvictionPolicy::Adaptive);
+        debug_assert!(self.ranks_by_use());
         self.tick += 1;
         let band = self.band(id);
         let w = &mut self.adaptive[id as usize];
@@ -960,6 +986,35 @@ mod tests {
         };
         assert!(default(29_999) >= ghost_slots(29_999));
         assert_eq!(default(30_000), 0);
+    }
+
+    #[test]
+    fn a_horizon_of_zero_runs_as_lru() {
+        let build = |horizon: u64| {
+            Eviction::with_horizon(
+                EvictionPolicy::Adaptive,
+                100,
+                Clock::Manual(0.0),
+                horizon,
+            )
+            .unwrap()
+        };
+        let mut lru_like = build(0);
+        assert!(!lru_like.ranks_by_use());
+        assert_eq!(lru_like.num_classes(), 1);
+        // Uses are not counted, nothing is recorded, every block joins the one list.
+        lru_like.on_cached(7, 12345);
+        lru_like.on_use(7);
+        lru_like.on_evicted_many(&[(7, 12345)]);
+        assert_eq!(lru_like.uses(7), 0);
+        assert_eq!(lru_like.class_for(7), 0);
+        let mut ranked = build(1);
+        assert!(ranked.ranks_by_use());
+        assert_eq!(ranked.num_classes(), ADAPTIVE_BANDS);
+        ranked.on_cached(7, 12345);
+        ranked.on_use(7);
+        assert_eq!(ranked.uses(7), 2);
+        assert_eq!(ranked.class_for(7), 1);
     }
 
     #[test]

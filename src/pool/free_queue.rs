@@ -122,7 +122,7 @@ impl FreeQueue {
             fresh_end: end.max(first),
             fresh_live: end.saturating_sub(first),
             lists: ClassLists::new(
-                eviction.policy().num_classes(),
+                eviction.num_classes(),
                 end,
                 eviction.policy() != EvictionPolicy::Adaptive,
             ),
@@ -309,7 +309,7 @@ impl FreeQueue {
         if left > 0 {
             if self.lists.num_classes() == 1 {
                 self.lists.take_front_run(slab, left, out);
-            } else if self.eviction.policy() == EvictionPolicy::Adaptive {
+            } else if self.eviction.ranks_by_use() {
                 // Two bands, each in credit order: the lower head first, in one walk
                 // (no expiries, nothing to do as a block leaves).
                 let eviction = &self.eviction;
@@ -408,7 +408,7 @@ impl FreeQueue {
             }
             return;
         }
-        if self.eviction.policy() == EvictionPolicy::Adaptive {
+        if self.eviction.ranks_by_use() {
             for &id in ids {
                 let class = self.eviction.adaptive_class_for(id);
                 self.lists.push_back(slab, class, id);
@@ -535,7 +535,7 @@ impl FreeQueue {
                     .chain(self.list_order(slab));
                 out.extend(rest.take(max));
             }
-            Place::List if self.eviction.policy() != EvictionPolicy::Adaptive => {
+            Place::List if !self.eviction.ranks_by_use() => {
                 let class = self.class_of(cursor);
                 self.lists
                     .ids_after_in_class_order(slab, cursor, class, max, out);
@@ -576,7 +576,7 @@ impl FreeQueue {
                 .rev()
                 .find(|&id| slab.get(id).next == FRESH)
                 .or_else(|| self.stack_last()),
-            Place::List if self.eviction.policy() != EvictionPolicy::Adaptive => {
+            Place::List if !self.eviction.ranks_by_use() => {
                 let class = self.class_of(cursor);
                 if self.lists.ends(class).head != cursor {
                     // Linked within its class's list (a block in no list has no link).
@@ -610,7 +610,7 @@ impl FreeQueue {
     /// band 0 first on a tie). Otherwise O(the fresh range's gaps or the stack's
     /// tombstones crossed), as [`Self::id_before`].
     pub fn last_id(&self, slab: &Slab) -> Option<u32> {
-        let adaptive = self.eviction.policy() == EvictionPolicy::Adaptive;
+        let adaptive = self.eviction.ranks_by_use();
         let mut last: Option<(u64, u32)> = None;
         for class in self.lists.nonempty_classes() {
             let tail = self.lists.ends(class).tail;
@@ -690,7 +690,7 @@ impl Iterator for ListOrder<'_> {
     type Item = u32;
 
     fn next(&mut self) -> Option<u32> {
-        let adaptive = self.eviction.policy() == EvictionPolicy::Adaptive;
+        let adaptive = self.eviction.ranks_by_use();
         let mut best: Option<(u64, usize)> = None;
         for (index, (_, head, _)) in self.heads.iter().enumerate() {
             let Some(id) = *head else { continue };

@@ -210,7 +210,21 @@ impl BlockPool {
         let lists = self.queue.lists();
         let eviction = self.queue.eviction();
         if eviction.policy() == super::eviction::EvictionPolicy::Adaptive {
-            for class in 0..lists.num_classes() {
+            if lists.num_classes() != eviction.num_classes() {
+                problems.push(format!(
+                    "adaptive policy: {} lists, not {}",
+                    lists.num_classes(),
+                    eviction.num_classes()
+                ));
+            }
+            // Credits order the lists only when the policy ranks by use (with a
+            // horizon of 0 it keeps one list in LRU's order and no credits).
+            let ranked = if eviction.ranks_by_use() {
+                0..lists.num_classes()
+            } else {
+                0..0
+            };
+            for class in ranked {
                 let mut last = 0;
                 for id in lists.iter_class(&self.slab, class) {
                     let credit = eviction.credit(id);
