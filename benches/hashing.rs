@@ -1,7 +1,7 @@
 //! Block hashing in the core: one 1,200-token request (block size 16, 75 full
 //! blocks) hashed into its chain, per algorithm, in ns per block. Two kinds of
-//! tokens: `hashing` draws them below 151,000, so that about half of the pickled
-//! blocks take three SHA-256 pieces and half two; `hashing_vocab_32k` takes
+//! tokens: `hashing` draws them below 151,000, so that 29 of the 75 pickled blocks
+//! take three SHA-256 pieces (179 compressions); `hashing_vocab_32k` takes
 //! `benches/vs_vllm.py`'s prompts (a 32,000-token vocabulary: every block two
 //! pieces), the figure to set against vLLM's hasher there.
 
