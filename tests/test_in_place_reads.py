@@ -253,17 +253,39 @@ BAD_ID_ARRAYS = {
 }
 
 
+FREE_CALLS = {
+    "free_blocks": lambda pool, ids: pool.free_blocks(ids),
+    # One segment: the ids are copied out (read once, checked as a whole) rather than lent.
+    "free_blocks_many": lambda pool, ids: pool.free_blocks_many(ids, np.array([0, len(ids)], dtype=np.int64)),
+}
+
+
+@pytest.mark.parametrize("call", FREE_CALLS.values(), ids=FREE_CALLS.keys())
 @pytest.mark.parametrize("array,error,text", BAD_ID_ARRAYS.values(), ids=BAD_ID_ARRAYS.keys())
-def test_bad_id_arrays_raise_and_change_nothing(array: Any, error: str, text: str) -> None:
+def test_bad_id_arrays_raise_and_change_nothing(array: Any, error: str, text: str, call: Any) -> None:
     import kvpool
 
+    if call is FREE_CALLS["free_blocks_many"] and array.ndim != 1:
+        pytest.skip("a 2-D array has no segments to give")
     pool = core.BlockPool(64, enable_caching=False)
     pool.get_new_blocks(10)
     before = (pool.free_block_ids().tolist(), pool.get_num_free_blocks())
     with pytest.raises(getattr(kvpool, error)) as info:
-        pool.free_blocks(array)
+        call(pool, array)
     assert text in str(info.value) or not text
     assert (pool.free_block_ids().tolist(), pool.get_num_free_blocks()) == before
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("view", [lambda a: a, lambda a: a[::-1]], ids=["contiguous", "reversed"])
+def test_the_first_bad_id_in_logical_order_is_reported(view: Any, reverse: bool) -> None:
+    # The copy checks a whole array at once, then finds the first bad id as the array orders
+    # its elements (a reversed view's first is the last in memory).
+    pool = core.BlockPool(64, enable_caching=False)
+    pool.get_new_blocks(10)
+    ids = view(np.array([3, 70, 80, 4], dtype=np.int32))
+    with pytest.raises(core.InvalidBlockIdError, match=str(ids[1])):
+        pool.free_blocks_many(ids, np.array([0, 4], dtype=np.int64), reverse=reverse)
 
 
 def test_a_masked_array_is_refused_not_read() -> None:

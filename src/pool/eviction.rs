@@ -991,13 +991,8 @@ mod tests {
     #[test]
     fn a_horizon_of_zero_runs_as_lru() {
         let build = |horizon: u64| {
-            Eviction::with_horizon(
-                EvictionPolicy::Adaptive,
-                100,
-                Clock::Manual(0.0),
-                horizon,
-            )
-            .unwrap()
+            Eviction::with_horizon(EvictionPolicy::Adaptive, 100, Clock::Manual(0.0), horizon)
+                .unwrap()
         };
         let mut lru_like = build(0);
         assert!(!lru_like.ranks_by_use());
