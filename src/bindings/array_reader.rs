@@ -161,7 +161,8 @@ pub fn append_ids(array: &Bound<'_, PyUntypedArray>, bound: u32, out: &mut Vec<u
     let bound = bound.min(1 << 31);
     // The common case, the int32 arrays kvpool hands out and their reversed views:
     // one copy and one check of the largest id, both without a branch per element
-    // (vectorised; 7x faster than the loop below on 4,400 ids).
+    // (vectorised; the loop below, which stops at the first bad id, took a fifth of a
+    // step of 100 x 44 blocks allocated and freed in one call each).
     // SAFETY: `layout` is `plain`'s reading of `array`, which the caller holds, and
     // the slice is dropped before this function returns, with no Python code run.
     if let Some(BorrowedIds { ids, reversed }) = unsafe { back_to_back(&layout) } {
