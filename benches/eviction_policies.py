@@ -6,10 +6,10 @@ Workloads (every run on a fresh pool built outside the clock, ``gc.collect()`` b
 * ``churn``: a 100,000-block pool filled with cached blocks, then 1,000 requests that each
   allocate 64 blocks (evicting 64 cached ones), cache them under new 8-byte keys and free them
   tail first. Per block.
-* ``churn-25k``: the churn in a pool of 25,000 blocks, the largest whose adaptive policy keeps its
-  full horizon by default (``kvpool.reference.eviction.default_adaptive_horizon``): the ghost table of the policy
-  as shipped at its largest, where ``churn``'s 100,000-block pool, given the full horizon
-  explicitly, has one four times the size.
+* ``churn-25k``: the churn in a pool of 25,000 blocks, the largest whose adaptive policy keeps
+  its full horizon by default (``kvpool.reference.eviction.default_adaptive_horizon``): the
+  ghost table of the policy as shipped at its largest, where ``churn``'s 100,000-block pool,
+  given the full horizon explicitly, has one four times the size.
 * ``hits``: the same full pool; 1,000 requests that each look up a cached 64-block chain, touch
   it and free it tail first (no eviction: the policy's bookkeeping on hits and frees). Per block.
 * ``replay``: the Mooncake conversation trace (``--trace``; skipped when absent) in a pool of

@@ -639,7 +639,7 @@ impl Eviction {
                     .map_err(|_| side(24))?;
                 state.expiry_seq.resize(n, u64::MAX);
             }
-            EvictionPolicy::Adaptive if horizon == 0 => {}
+            EvictionPolicy::Adaptive if !state.ranks_by_use() => {}
             EvictionPolicy::Adaptive => {
                 state.adaptive.try_reserve_exact(n).map_err(|_| side(8))?;
                 state.adaptive.resize(n, 0);
@@ -819,7 +819,7 @@ impl Eviction {
         match self.policy {
             EvictionPolicy::Lru => 0,
             EvictionPolicy::Priority => self.priority_class_for(id),
-            EvictionPolicy::Adaptive if self.horizon == 0 => 0,
+            EvictionPolicy::Adaptive if !self.ranks_by_use() => 0,
             EvictionPolicy::Adaptive => self.adaptive_class_for(id),
         }
     }

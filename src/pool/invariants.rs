@@ -220,11 +220,11 @@ impl BlockPool {
             // Credits order the lists only when the policy ranks by use (with a
             // horizon of 0 it keeps one list in LRU's order and no credits).
             let ranked = if eviction.ranks_by_use() {
-                0..lists.num_classes()
+                lists.num_classes()
             } else {
-                0..0
+                0
             };
-            for class in ranked {
+            for class in 0..ranked {
                 let mut last = 0;
                 for id in lists.iter_class(&self.slab, class) {
                     let credit = eviction.credit(id);
