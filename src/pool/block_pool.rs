@@ -8,7 +8,7 @@ use super::error::{PoolError, PoolResult};
 use std::collections::VecDeque;
 
 use super::events::{EventExtraKey, PoolEvent, StoredBlocks, TakenEvents};
-use super::eviction::{BlockPriority, Clock, Eviction, EvictionPolicy};
+use super::eviction::{BlockPriority, Clock, Eviction, EvictionPolicy, GHOST_BATCH};
 use super::free_queue::FreeQueue;
 use super::hash_key::{BlockHash, BlockHashKey, HashSlice, MAX_HASH_WIDTH};
 use super::key_hasher::KeyHasher;
@@ -367,17 +367,31 @@ impl BlockPool {
         }
         let adaptive = self.queue.eviction().ranks_by_use();
         let mut ghosts = std::mem::take(&mut self.ghost_scratch);
-        ghosts.clear();
-        for &id in &out[from_list..] {
-            if let Some(key) = self.drop_key(id) {
-                self.evictions += 1;
-                if adaptive {
-                    ghosts.push((id, Self::fingerprint(&key)));
+        // The adaptive policy's ghost lines asked for as each key comes out of the
+        // map, and recorded a batch at a time (`Eviction::prefetch_eviction`).
+        for batch in out[from_list..].chunks(GHOST_BATCH) {
+            ghosts.clear();
+            if adaptive {
+                let eviction = self.queue.eviction();
+                for &id in batch {
+                    if self.slab.get(id).key_slot != NIL {
+                        eviction.prefetch_eviction(eviction.cached_fingerprint(id));
+                    }
                 }
             }
-        }
-        if adaptive {
-            self.queue.eviction_mut().on_evicted_many(&ghosts);
+            for &id in batch {
+                if let Some(key) = self.drop_key(id) {
+                    self.evictions += 1;
+                    if adaptive {
+                        let fingerprint = self.queue.eviction().cached_fingerprint(id);
+                        debug_assert_eq!(fingerprint, Self::fingerprint(&key));
+                        ghosts.push((id, fingerprint));
+                    }
+                }
+            }
+            if adaptive {
+                self.queue.eviction_mut().on_evicted_many(&ghosts);
+            }
         }
         self.ghost_scratch = ghosts;
         Ok(())
@@ -549,7 +563,9 @@ impl BlockPool {
             let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
             let key = BlockHashKey::new(hash, call.group);
             if adaptive {
-                cached.push((id, Self::fingerprint(&key)));
+                let fingerprint = Self::fingerprint(&key);
+                self.queue.eviction().prefetch_caching(fingerprint);
+                cached.push((id, fingerprint));
             }
             let slot = self.map.insert(key, id, tokens);
             self.slab.get_mut(id).key_slot = slot;

@@ -176,17 +176,17 @@ impl ClassLists {
         id
     }
 
-    /// Takes the first `n` blocks of class 0 (it has them) in one walk, appending
+    /// Takes the first `n` blocks of `class` (it has them) in one walk, appending
     /// them to `out` with count 1 and no links: the LRU queue's allocation loop.
     #[inline]
-    pub fn take_front_run(&mut self, slab: &mut Slab, n: usize, out: &mut Vec<u32>) {
-        debug_assert!(n as u32 <= self.ends[0].len);
-        let mut id = self.ends[0].head;
+    pub fn take_front_run(&mut self, slab: &mut Slab, class: usize, n: usize, out: &mut Vec<u32>) {
+        debug_assert!(n as u32 <= self.ends[class].len);
+        let mut id = self.ends[class].head;
         for _ in 0..n {
             out.push(id);
             id = take_block(slab, id);
         }
-        self.cut_front(slab, 0, id, n as u32);
+        self.cut_front(slab, class, id, n as u32);
     }
 
     /// Makes `head` the first block of `class`, whose `taken` blocks before it were
@@ -222,6 +222,22 @@ impl ClassLists {
     ) {
         debug_assert!(self.ends.len() == 2 && n as u32 <= self.len);
         let key_of = |id: u32| if id == NIL { u64::MAX } else { key(id) };
+        // When a class has the `n` blocks and its last comes before the other's first
+        // (the list in key order, class 0 first on a tie), the merge's first `n` are
+        // that class's: taken in LRU's walk, no key read per block. The usual case: a
+        // pool with no reused block free, or whose reused blocks' credits are ahead of
+        // every block used once.
+        for class in 0..2 {
+            let ends = self.ends[class];
+            if n as u32 <= ends.len {
+                let last = key_of(ends.tail);
+                let first_other = key_of(self.ends[1 - class].head);
+                if last < first_other || (class == 0 && last == first_other) {
+                    self.take_front_run(slab, class, n, out);
+                    return;
+                }
+            }
+        }
         let mut heads = [self.ends[0].head, self.ends[1].head];
         let mut keys = [key_of(heads[0]), key_of(heads[1])];
         let mut taken = [0u32; 2];

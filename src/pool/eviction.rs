@@ -35,6 +35,7 @@ use std::time::Instant;
 use super::class_lists::ClassLists;
 use super::error::{PoolError, PoolResult};
 use super::hash_key::BlockHashKey;
+use super::prefetch::prefetch;
 
 /// The retention priority blocks get unless told otherwise (TensorRT-LLM's default).
 pub const DEFAULT_PRIORITY: u8 = 35;
@@ -261,9 +262,10 @@ pub fn ghost_fingerprint(key: &BlockHashKey) -> u64 {
     splitmix64(folded)
 }
 
-/// Ghost-table lines touched ahead at once: enough misses in flight to overlap,
-/// few enough that the lines are still in cache when they are used.
-const WARM_CHUNK: usize = 64;
+/// Evicted blocks whose ghost-table lines are asked for ahead of recording them, at
+/// most: enough misses in flight to overlap, few enough that the lines are still in
+/// cache when they are written (a whole pool's would not be).
+pub const GHOST_BATCH: usize = 64;
 
 /// Ways per set of the ghost table (8 ways of 8 bytes: one cache line).
 pub const GHOST_WAYS: usize = 8;
@@ -466,37 +468,24 @@ impl Ghosts {
         }
     }
 
-    /// Reads the first way of each fingerprint's set, so that a batch's cache misses
-    /// are all in flight at once before [`record`](Self::record) needs the lines (a
-    /// safe stand-in for a prefetch).
-    #[inline]
-    fn warm(&self, fingerprints: impl Iterator<Item = u64>) {
-        self.touch_sets(&self.ways, self.base, fingerprints);
+    /// Asks ahead for the lines a [`record`](Self::record) of `fingerprint` writes:
+    /// its set and the set's directory bytes ([`prefetch`]).
+    #[inline(always)]
+    fn prefetch_record(&self, fingerprint: u64) {
+        if !self.directory.is_empty() {
+            let start = self.set_start(fingerprint);
+            prefetch(&self.ways, self.base + start);
+            prefetch(&self.directory, start);
+        }
     }
 
-    /// [`warm`](Self::warm) for [`take`](Self::take): the directory's bytes of each
-    /// fingerprint's set.
-    #[inline]
-    fn warm_directory(&self, fingerprints: impl Iterator<Item = u64>) {
-        self.touch_sets(&self.directory, 0, fingerprints);
-    }
-
-    /// Reads `table[offset + set start]` for each fingerprint.
-    #[inline]
-    fn touch_sets<T: Copy + Into<u64>>(
-        &self,
-        table: &[T],
-        offset: usize,
-        fingerprints: impl Iterator<Item = u64>,
-    ) {
-        if table.is_empty() {
-            return;
+    /// Asks ahead for the line a [`take`](Self::take) of `fingerprint` reads first:
+    /// its set's directory bytes ([`prefetch`]).
+    #[inline(always)]
+    fn prefetch_take(&self, fingerprint: u64) {
+        if !self.directory.is_empty() {
+            prefetch(&self.directory, self.set_start(fingerprint));
         }
-        let mut acc = 0u64;
-        for fingerprint in fingerprints {
-            acc ^= table[offset + self.set_start(fingerprint)].into();
-        }
-        std::hint::black_box(acc);
     }
 
     /// Ways holding a record (live or forgotten).
@@ -579,6 +568,10 @@ pub struct Eviction {
     /// Adaptive: each block's use count (low 8 bits) and, while it is queued, its
     /// credit (the high 56): one word, so a block's policy state is one memory access.
     adaptive: Vec<u64>,
+    /// Adaptive: the ghost fingerprint of each cached block's key, kept from when it
+    /// was cached, so that an eviction can ask for its ghost lines before the key
+    /// comes out of the prefix map.
+    fingerprints: Vec<u64>,
     /// Adaptive: cached blocks freed so far (the policy's clock).
     tick: u64,
     /// Adaptive: band 1's credit bonus (band 0 has none).
@@ -600,8 +593,9 @@ impl Eviction {
 
     /// [`new`](Self::new) with the adaptive policy's horizon given. With a horizon of 0
     /// the policy evicts in LRU's order whatever the blocks' uses, so it keeps neither
-    /// the ghost table nor the uses and credits (4.7 MB and 0.8 MB of a 100,000-block
-    /// pool), and the queue runs it as LRU, one list ([`Self::ranks_by_use`]).
+    /// the ghost table nor the uses, credits and fingerprints (4.7 MB and 1.6 MB of a
+    /// 100,000-block pool), and the queue runs it as LRU, one list
+    /// ([`Self::ranks_by_use`]).
     pub fn with_horizon(
         policy: EvictionPolicy,
         num_blocks: u32,
@@ -621,6 +615,7 @@ impl Eviction {
             expiry_seq: Vec::new(),
             next_seq: 0,
             adaptive: Vec::new(),
+            fingerprints: Vec::new(),
             tick: 0,
             horizon,
             ghosts: Ghosts::default(),
@@ -643,6 +638,11 @@ impl Eviction {
             EvictionPolicy::Adaptive => {
                 state.adaptive.try_reserve_exact(n).map_err(|_| side(8))?;
                 state.adaptive.resize(n, 0);
+                state
+                    .fingerprints
+                    .try_reserve_exact(n)
+                    .map_err(|_| side(8))?;
+                state.fingerprints.resize(n, 0);
                 let ways = ghost_table_ways(num_blocks, horizon);
                 if ways > 0 {
                     state.ghosts = Ghosts::new(ways, ghost_window(num_blocks))?;
@@ -768,6 +768,7 @@ impl Eviction {
         if self.ranks_by_use() {
             let before = self.ghosts.take(fingerprint);
             self.set_uses(id, before.saturating_add(1));
+            self.fingerprints[id as usize] = fingerprint;
         }
     }
 
@@ -777,18 +778,38 @@ impl Eviction {
         *w = (*w & !0xFF) | u64::from(uses);
     }
 
+    /// Asks ahead for the ghost-table lines that recording the eviction of a block
+    /// whose key has `fingerprint` will write (nothing unless the policy ranks by
+    /// use). The pool asks for a batch of at most [`GHOST_BATCH`] evicted blocks, by
+    /// their [`cached_fingerprint`](Self::cached_fingerprint)s, before it takes their
+    /// keys out of the prefix map, then records the batch with
+    /// [`on_evicted_many`](Self::on_evicted_many): the batch's misses overlap each
+    /// other and the prefix map's.
+    #[inline(always)]
+    pub fn prefetch_eviction(&self, fingerprint: u64) {
+        self.ghosts.prefetch_record(fingerprint);
+    }
+
+    /// Asks ahead for the ghost-table line that [`on_cached_many`](Self::on_cached_many)
+    /// reads for a key of `fingerprint` (as [`prefetch_eviction`](Self::prefetch_eviction)).
+    #[inline(always)]
+    pub fn prefetch_caching(&self, fingerprint: u64) {
+        self.ghosts.prefetch_take(fingerprint);
+    }
+
+    /// The ghost fingerprint of cached block `id`'s key (the policy ranks by use).
+    #[inline(always)]
+    pub fn cached_fingerprint(&self, id: u32) -> u64 {
+        self.fingerprints[id as usize]
+    }
+
     /// Allocation evicted each `(block, fingerprint)`, in order: their uses go to the
-    /// ghost table in one tight loop, so its cache misses overlap.
+    /// ghost table.
     pub fn on_evicted_many(&mut self, evicted: &[(u32, u64)]) {
         if self.ranks_by_use() {
-            // In chunks, so that a chunk's lines are still in cache when it is recorded
-            // (a whole pool's would not be).
-            for chunk in evicted.chunks(WARM_CHUNK) {
-                self.ghosts.warm(chunk.iter().map(|&(_, f)| f));
-                for &(id, fingerprint) in chunk {
-                    self.ghosts
-                        .record(fingerprint, self.adaptive[id as usize] as u8);
-                }
+            for &(id, fingerprint) in evicted {
+                self.ghosts
+                    .record(fingerprint, self.adaptive[id as usize] as u8);
             }
         }
     }
@@ -796,12 +817,10 @@ impl Eviction {
     /// [`on_cached`](Self::on_cached) for each `(block, fingerprint)`, in order.
     pub fn on_cached_many(&mut self, cached: &[(u32, u64)]) {
         if self.ranks_by_use() {
-            for chunk in cached.chunks(WARM_CHUNK) {
-                self.ghosts.warm_directory(chunk.iter().map(|&(_, f)| f));
-                for &(id, fingerprint) in chunk {
-                    let before = self.ghosts.take(fingerprint);
-                    self.set_uses(id, before.saturating_add(1));
-                }
+            for &(id, fingerprint) in cached {
+                let before = self.ghosts.take(fingerprint);
+                self.set_uses(id, before.saturating_add(1));
+                self.fingerprints[id as usize] = fingerprint;
             }
         }
     }

@@ -308,7 +308,7 @@ impl FreeQueue {
         let from_list = out.len();
         if left > 0 {
             if self.lists.num_classes() == 1 {
-                self.lists.take_front_run(slab, left, out);
+                self.lists.take_front_run(slab, 0, left, out);
             } else if self.eviction.ranks_by_use() {
                 // Two bands, each in credit order: the lower head first, in one walk
                 // (no expiries, nothing to do as a block leaves).

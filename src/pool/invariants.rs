@@ -236,6 +236,23 @@ impl BlockPool {
                     last = credit;
                 }
             }
+            // The fingerprint kept for each cached block is its key's (an eviction
+            // records the block under it).
+            if eviction.ranks_by_use() {
+                for (id, meta) in self.slab.iter().enumerate() {
+                    let id = id as u32;
+                    if meta.is_cached() {
+                        let key = self.map.key_at(meta.key_slot);
+                        if eviction.cached_fingerprint(id)
+                            != super::eviction::ghost_fingerprint(key)
+                        {
+                            problems.push(format!(
+                                "adaptive policy: block {id}'s kept fingerprint is not its key's"
+                            ));
+                        }
+                    }
+                }
+            }
             let capacity =
                 super::eviction::ghost_table_ways(self.config.num_blocks, self.config.horizon());
             if eviction.ghosts().capacity() != capacity {

@@ -32,6 +32,7 @@ mod meta_store;
 mod partial_keys;
 pub use partial_keys::PartialBlock;
 mod pins;
+mod prefetch;
 mod prefix_map;
 mod release;
 mod replay_ring;
