@@ -810,8 +810,14 @@ impl BlockPool {
         let slot = self.map.insert(key, id, tokens);
         self.slab.get_mut(id).key_slot = slot;
         if meta.ref_cnt > 0 {
-            // A free block keeps its policy state: its list depends on it.
             self.note_cached(id, &key, None);
+        } else if self.queue.eviction().ranks_by_use() {
+            // A free block keeps its policy state (its list depends on it), but the
+            // adaptive policy records its eviction under its key's fingerprint.
+            let fingerprint = Self::fingerprint(&key);
+            self.queue
+                .eviction_mut()
+                .on_key_set_while_free(id, fingerprint);
         }
         if self.hash_width.is_none() {
             self.hash_width = Some(key.hash.as_bytes().len());
@@ -1090,6 +1096,36 @@ mod tests {
         // A burst's room is not kept.
         pool.recycle_event_buffer(Vec::with_capacity(RECYCLED_EVENTS_MAX + 1));
         assert!(pool.events.capacity() <= RECYCLED_EVENTS_MAX);
+    }
+
+    /// A free cached block given another key where it stands (what editing vLLM's
+    /// `cached_block_hash_to_block` does) is evicted under that key: the adaptive
+    /// policy's ghost table remembers the new key's uses, not the old one's.
+    #[test]
+    fn a_key_set_on_a_free_block_is_the_one_its_eviction_records() {
+        let mut config = PoolConfig::new(5);
+        config.eviction = EvictionPolicy::Adaptive;
+        config.adaptive_horizon = Some(100);
+        let mut pool = BlockPool::new(config).unwrap();
+        let key = |n: u8| BlockHashKey::new(BlockHash::new(&[n; 32]).unwrap(), 0);
+        let mut ids = Vec::new();
+        pool.get_new_blocks(1, &mut ids).unwrap();
+        let id = ids[0];
+        pool.set_block_key(id, Some(key(1)), 16).unwrap();
+        pool.free_blocks(&[id]).unwrap();
+        // Free and cached: its key replaced where it stands.
+        pool.set_block_key(id, None, 0).unwrap();
+        pool.set_block_key(id, Some(key(2)), 16).unwrap();
+        pool.check_invariants().unwrap();
+        // Allocating the whole pool evicts it, recorded under key 2 with its one use:
+        // key 2 comes back with two uses, key 1 as new.
+        let mut all = Vec::new();
+        pool.get_new_blocks(4, &mut all).unwrap();
+        pool.set_block_key(all[0], Some(key(2)), 16).unwrap();
+        pool.set_block_key(all[1], Some(key(1)), 16).unwrap();
+        assert_eq!(pool.queue.eviction().uses(all[0]), 2);
+        assert_eq!(pool.queue.eviction().uses(all[1]), 1);
+        pool.check_invariants().unwrap();
     }
 
     #[test]

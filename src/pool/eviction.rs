@@ -797,6 +797,16 @@ impl Eviction {
         self.ghosts.prefetch_take(fingerprint);
     }
 
+    /// Free block `id` was given a key of fingerprint `fingerprint` where it stands
+    /// (`BlockPool::set_block_key`): its uses and credit stay (its place in its band
+    /// depends on them), only the fingerprint its eviction records it under changes.
+    #[inline]
+    pub fn on_key_set_while_free(&mut self, id: u32, fingerprint: u64) {
+        if self.ranks_by_use() {
+            self.fingerprints[id as usize] = fingerprint;
+        }
+    }
+
     /// The ghost fingerprint of cached block `id`'s key (the policy ranks by use).
     #[inline(always)]
     pub fn cached_fingerprint(&self, id: u32) -> u64 {
