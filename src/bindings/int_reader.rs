@@ -122,6 +122,17 @@ impl crate::pool::hashing::TokenSource for ListTokens<'_, '_> {
             false
         }
     }
+
+    #[inline(always)]
+    fn for_each_i32(&mut self, start: usize, n: usize, f: impl FnMut(i32)) -> bool {
+        #[cfg(fast_ints)]
+        return fast::for_each_i32_in_range(self.list, start, n, f);
+        #[cfg(not(fast_ints))]
+        {
+            let _ = (start, n, f);
+            false
+        }
+    }
 }
 
 /// Whether the in-place reader is compiled in and passed its check in this process.
@@ -257,7 +268,40 @@ mod fast {
         list: &Bound<'_, PyList>,
         start: usize,
         n: usize,
-        mut f: impl FnMut(i64),
+        f: impl FnMut(i64),
+    ) -> bool {
+        for_each_value(list, start, n, f, i64::from, Some)
+    }
+
+    /// [`for_each_in_range`] for values in `i32`: false also at the first outside it.
+    /// A positive int of one digit (below 2^30) fits unchecked.
+    #[inline(always)]
+    pub fn for_each_i32_in_range(
+        list: &Bound<'_, PyList>,
+        start: usize,
+        n: usize,
+        f: impl FnMut(i32),
+    ) -> bool {
+        for_each_value(
+            list,
+            start,
+            n,
+            f,
+            |digit| digit as i32,
+            |v| i32::try_from(v).ok(),
+        )
+    }
+
+    /// The walk of both: `one_digit` takes a positive int of one digit's digit,
+    /// `other` any other plain int's value (`None`: stop).
+    #[inline(always)]
+    fn for_each_value<T>(
+        list: &Bound<'_, PyList>,
+        start: usize,
+        n: usize,
+        mut f: impl FnMut(T),
+        one_digit: impl Fn(u32) -> T,
+        other: impl Fn(i64) -> Option<T>,
     ) -> bool {
         let ptr = list.as_ptr();
         // SAFETY: `ptr` is a live list and the GIL is held (the `Bound`).
@@ -285,9 +329,9 @@ mod fast {
             let value = unsafe {
                 if (*head).ob_base.ob_type == long_type && (*head).size_or_tag == ONE_DIGIT {
                     // The common token: a positive int of one digit.
-                    Some(i64::from((*head).digit0))
+                    Some(one_digit((*head).digit0))
                 } else {
-                    read(item)
+                    read(item).and_then(&other)
                 }
             };
             match value {

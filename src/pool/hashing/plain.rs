@@ -65,6 +65,23 @@ pub trait TokenSource {
             None => false,
         }
     }
+
+    /// [`Self::for_each`] for a caller that takes only tokens in `i32` (pickle's
+    /// integer items): false, as when the source cannot give them all, when one is
+    /// outside it (`f` may have seen it truncated: the caller drops what it made). A
+    /// source whose tokens mostly come known to fit (a Python list's one-digit ints)
+    /// checks only the others: a check a token less in the SHA chain's loop.
+    #[inline(always)]
+    fn for_each_i32(&mut self, start: usize, n: usize, mut f: impl FnMut(i32)) -> bool {
+        // Nonzero once a token is outside `i32`: `t + 2^31` is below 2^32 exactly
+        // for the others. Checked after the loop, which then has no exit of its own.
+        let mut beyond = 0u64;
+        let given = self.for_each(start, n, |token| {
+            beyond |= (token as u64).wrapping_add(1 << 31) >> 32;
+            f(token as i32);
+        });
+        given && beyond == 0
+    }
 }
 
 impl TokenSource for &[i64] {
@@ -517,29 +534,26 @@ fn pickle_items<S: TokenSource + ?Sized>(
     n: usize,
 ) -> Option<usize> {
     let mut pos = 0u32; // 32-bit, so that `pos + 8` needs no overflow check
-                        // Nonzero once a token is outside `i32`: `t + 2^31` is below 2^32 exactly for
-                        // the others. Checked after the loop, which then has no exit of its own.
-    let mut beyond = 0u64;
-    let given = source.for_each(start, n, |token| {
-        beyond |= (token as u64).wrapping_add(1 << 31) >> 32;
-        let form = pickle_int_form(token as u32);
+    let given = source.for_each_i32(start, n, |token| {
+        let v = token as u32;
+        let form = pickle_int_form(v);
         // The opcode, then the value's little-endian bytes: the shorter forms are
-        // prefixes of them. The 8 bytes written reach past the item (by 3 to 6); the
-        // next item or the tail `Layout::finish` writes covers them.
-        let word = ((token as u64) << 8) | u64::from(form & 0xFF);
+        // prefixes of them (the 8 bytes written reach past the item; the next item
+        // or the tail `Layout::finish` writes covers them).
+        let word = (u64::from(v) << 8) | u64::from(form & 0xFF);
         let p = pos as usize;
         room[p..p + 8].copy_from_slice(&word.to_le_bytes());
         pos += form >> 8;
     });
-    (given && beyond == 0).then_some(pos as usize)
+    given.then_some(pos as usize)
 }
 
 /// Pickle's shortest integer item for a token whose `i32` bits are `v`: its opcode
 /// in the low byte and its length (opcode included) above: `BININT1` (`K`, 2 bytes)
 /// below 256, `BININT2` (`M`, 3) below 65,536, else `BININT` (`J`, 5; negative
-/// tokens too). Found from `v`'s bit length in one packed constant, without a
-/// comparison: fewer instructions a token than the comparisons' sums it replaced,
-/// which the SHA chain's loop felt (docs/benchmarks.md, fifteenth sitting).
+/// tokens too). Found from `v`'s bit length in a table, without a comparison: fewer
+/// instructions a token than the comparisons' sums it replaced, which the SHA
+/// chain's loop felt (docs/benchmarks.md, fifteenth sitting).
 #[inline(always)]
 fn pickle_int_form(v: u32) -> u32 {
     /// The forms by the value's significant bytes less one (0 to 3).
