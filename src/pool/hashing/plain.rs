@@ -551,14 +551,16 @@ fn pickle_items<S: TokenSource + ?Sized>(
 /// Pickle's shortest integer item for a token whose `i32` bits are `v`: its opcode
 /// in the low byte and its length (opcode included) above: `BININT1` (`K`, 2 bytes)
 /// below 256, `BININT2` (`M`, 3) below 65,536, else `BININT` (`J`, 5; negative
-/// tokens too). Found from `v`'s bit length in a table, without a comparison: fewer
-/// instructions a token than the comparisons' sums it replaced, which the SHA
-/// chain's loop felt (docs/benchmarks.md, fifteenth sitting).
+/// tokens too), from a table indexed by two comparisons. Fewer instructions a token
+/// than the opcode and length as sums of the comparisons, which the SHA chain's
+/// loop felt; and no `bsr` (from a bit length), whose output depends on its
+/// destination register's old value, which cost the xxhash path a third when the
+/// compiler picked a register in use (docs/benchmarks.md, fifteenth sitting).
 #[inline(always)]
 fn pickle_int_form(v: u32) -> u32 {
-    /// The forms by the value's significant bytes less one (0 to 3).
-    const FORMS: [u32; 4] = [0x024B, 0x034D, 0x054A, 0x054A];
-    FORMS[((v | 1).ilog2() / 8) as usize & 3]
+    /// The forms by the number of the two bounds `v` is above.
+    const FORMS: [u32; 3] = [0x024B, 0x034D, 0x054A];
+    FORMS[usize::from(v > 0xFF) + usize::from(v > 0xFFFF)]
 }
 
 /// CBOR items of the `n` tokens from `start` at the start of `room`, as
