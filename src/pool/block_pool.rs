@@ -367,26 +367,25 @@ impl BlockPool {
         }
         let adaptive = self.queue.eviction().ranks_by_use();
         let mut ghosts = std::mem::take(&mut self.ghost_scratch);
-        // The adaptive policy's ghost lines asked for as each key comes out of the
-        // map, and recorded a batch at a time (`Eviction::prefetch_eviction`).
+        // The adaptive policy records a batch at a time, its ghost lines asked for
+        // (by the fingerprints kept since caching) before the keys leave the map
+        // (`Eviction::prefetch_eviction`).
         for batch in out[from_list..].chunks(GHOST_BATCH) {
             ghosts.clear();
             if adaptive {
                 let eviction = self.queue.eviction();
                 for &id in batch {
                     if self.slab.get(id).key_slot != NIL {
-                        eviction.prefetch_eviction(eviction.cached_fingerprint(id));
+                        let fingerprint = eviction.cached_fingerprint(id);
+                        eviction.prefetch_eviction(fingerprint);
+                        ghosts.push((id, fingerprint));
                     }
                 }
             }
             for &id in batch {
-                if let Some(key) = self.drop_key(id) {
+                if let Some(_key) = self.drop_key(id) {
                     self.evictions += 1;
-                    if adaptive {
-                        let fingerprint = self.queue.eviction().cached_fingerprint(id);
-                        debug_assert_eq!(fingerprint, Self::fingerprint(&key));
-                        ghosts.push((id, fingerprint));
-                    }
+                    debug_assert!(!adaptive || ghosts.contains(&(id, Self::fingerprint(&_key))));
                 }
             }
             if adaptive {
